@@ -1,0 +1,59 @@
+"""asyncio helpers: the one place tasks are started and the loop is chosen.
+
+Rules: start tasks only through `spawn`, which keeps a strong reference until
+the task ends (asyncio keeps only weak ones); pick uvloop through `new_loop`,
+falling back to the standard loop where it is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_TASKS: set[asyncio.Task[Any]] = set()
+
+
+def spawn(coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+    """Start `coro` as a task that is referenced until it ends; log if it fails."""
+    task = asyncio.get_running_loop().create_task(coro, name=name)
+    _TASKS.add(task)
+    task.add_done_callback(_done)
+    return task
+
+
+def _done(task: asyncio.Task[Any]) -> None:
+    _TASKS.discard(task)
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        logger.error("task failed", extra={"task": task.get_name()}, exc_info=exc)
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop when importable, else asyncio's default."""
+    try:
+        import uvloop  # noqa: PLC0415 - optional at import time
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to completion on a fresh loop from `new_loop`."""
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(coro)
+
+
+async def cancel_and_wait(tasks: list[asyncio.Task[Any]], timeout: float = 5.0) -> None:
+    """Cancel `tasks` and wait up to `timeout` seconds for them to finish."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)

@@ -1,0 +1,107 @@
+"""The `meshagent` command: parse, call one function, print.
+
+Nouns with verbs (`meshagent certs create-root DIR`). Listings print a table by
+default and `-o json|yaml` for machines. Every flag mirrors a `MESHAGENT_*`
+variable (agent.config). Handlers import their modules lazily so that a quick
+command does not pay for gRPC or bcc. Nothing imports this module.
+
+Each noun has one `_noun_<name>(sub)` that declares its parser and verbs, and
+its handlers below it, in one section per noun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from agent import __version__
+from agent.errors import AgentError
+from agent.render import FORMATS, render
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _output_flag(parser: argparse.ArgumentParser, formats: Sequence[str] = FORMATS) -> None:
+    parser.add_argument(
+        "-o", "--output", choices=list(formats), default="table", help="output format"
+    )
+
+
+def _print(data: object, args: argparse.Namespace, **kwargs: object) -> None:
+    print(render(data, fmt=getattr(args, "output", "table"), **kwargs))  # type: ignore[arg-type]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command tree."""
+    parser = argparse.ArgumentParser(
+        prog="meshagent",
+        description="A per-node service-mesh agent speaking Linkerd's proxy API.",
+    )
+    parser.add_argument("--version", action="version", version=f"meshagent {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("MESHAGENT_LOG_LEVEL", "info"),
+        help="log level (debug, info, warning, error); env MESHAGENT_LOG_LEVEL",
+    )
+    sub = parser.add_subparsers(dest="noun", metavar="COMMAND", required=True)
+    for register in NOUNS:
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `meshagent` and `python -m agent`."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except AgentError as exc:
+        print(f"meshagent: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+class _KeyValueFormatter(logging.Formatter):
+    """`time level logger: message key=value ...` from `extra` fields."""
+
+    _STD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        base = super().format(record)
+        extra = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in self._STD)
+        return f"{base} {extra}" if extra else base
+
+
+def _setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_KeyValueFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "INFO")
+
+
+def _verbs(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help_: str
+) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    noun = sub.add_parser(name, help=help_, description=help_)
+    return noun.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+
+# === controlplane ============================================================
+# (filled by the control plane work)
+
+# === certs ====================================================================
+# (filled by the PKI work)
+
+# === redirects / check ========================================================
+# (filled by the capture work)
+
+# === NOUNS (keep last) ========================================================
+
+NOUNS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = []

@@ -1,0 +1,1 @@
+"""meshagent.policy."""

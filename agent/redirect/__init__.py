@@ -1,0 +1,1 @@
+"""Traffic capture: iptables and eBPF redirects, and network-namespace helpers."""
