@@ -97,11 +97,239 @@ def _verbs(
 # (filled by the control plane work)
 
 # === certs ====================================================================
-# (filled by the PKI work)
+
+
+def _noun_certs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agent import config  # noqa: PLC0415 - lazy, see module docstring
+    from agent.identity import options  # noqa: PLC0415
+
+    verbs = _verbs(sub, "certs", "create and inspect the mesh PKI (trust anchor, identity issuer)")
+    root = verbs.add_parser("create-root", help="create a trust anchor: DIR/ca.crt, DIR/ca.key")
+    root.add_argument("dir", metavar="DIR")
+    config.add_options(root, options.CREATE_ROOT)
+    issuer = verbs.add_parser(
+        "create-issuer", help="create an identity issuer: DIR/issuer.crt, issuer.key, ca.crt"
+    )
+    issuer.add_argument("dir", metavar="DIR")
+    issuer.add_argument("--ca", required=True, metavar="DIR", help="directory of ca.crt/ca.key")
+    config.add_options(issuer, options.CREATE_ISSUER)
+    for parser, handler in ((root, _certs_create_root), (issuer, _certs_create_issuer)):
+        parser.add_argument("--force", action="store_true", help="overwrite existing files")
+        _output_flag(parser)
+        parser.set_defaults(handler=handler)
+    insp = verbs.add_parser("inspect", help="describe a certificate and whether it chains")
+    insp.add_argument("file", metavar="FILE")
+    insp.add_argument("--ca", metavar="FILE", help="trust bundle (default: ca.crt next to FILE)")
+    _output_flag(insp)
+    insp.set_defaults(handler=_certs_inspect)
+
+
+def _certs_create_root(args: argparse.Namespace) -> int:
+    from agent import config  # noqa: PLC0415 - lazy, see module docstring
+    from agent.identity import ca, options  # noqa: PLC0415
+
+    values = config.resolve(args, os.environ, options.CREATE_ROOT)
+    created = ca.create_root(
+        args.dir,
+        lifetime=values["lifetime"],
+        trust_domain=values["trust_domain"],
+        force=args.force,
+    )
+    summary = created.summary()
+    _print(summary, args, rows=summary["files"])
+    return 0
+
+
+def _certs_create_issuer(args: argparse.Namespace) -> int:
+    from agent import config  # noqa: PLC0415 - lazy, see module docstring
+    from agent.identity import ca, options  # noqa: PLC0415
+
+    values = config.resolve(args, os.environ, options.CREATE_ISSUER)
+    created = ca.create_issuer(args.dir, args.ca, lifetime=values["lifetime"], force=args.force)
+    summary = created.summary()
+    _print(summary, args, rows=summary["files"])
+    return 0
+
+
+def _certs_inspect(args: argparse.Namespace) -> int:
+    """Exit 1 when a trust bundle was found or given and the certificate does not chain."""
+    from agent.identity import ca  # noqa: PLC0415 - lazy, see module docstring
+
+    info = ca.inspect(args.file, ca=args.ca)
+    rows = [{"field": key, "value": value} for key, value in info.items()]
+    _print(info, args, rows=rows)
+    return 1 if info["chains"] is False else 0
+
 
 # === redirects / check ========================================================
-# (filled by the capture work)
+
+
+def _noun_redirects(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agent.redirect import iptables  # noqa: PLC0415 - lazy, see module docstring
+
+    verbs = _verbs(sub, "redirects", "pods' traffic capture, read from the kernel")
+    ls = verbs.add_parser("list", help="one row per enrolled pod: state, skips, counters, drift")
+    show = verbs.add_parser("show", help="the exact rules of one pod, as iptables-save prints them")
+    show.add_argument("pod", metavar="POD")
+    verify = verbs.add_parser("verify", help="probe a pod's capture with real connections")
+    verify.add_argument("pod", metavar="POD")
+    verify.add_argument("--probe", metavar="IP:PORT", help="outbound test address")
+    enroll = verbs.add_parser("enroll", help="capture a pod's traffic (manual use and tests)")
+    enroll.add_argument("pod", metavar="POD", help="namespace/name")
+    enroll.add_argument("--netns", required=True, metavar="PATH", help="nsfs path of the pod")
+    enroll.add_argument("--ip", required=True, metavar="IP", help="pod IP")
+    enroll.add_argument("--annotations", nargs="*", default=[], metavar="K=V")
+    enroll.add_argument("--mode", choices=["iptables", "ebpf"], default="iptables")
+    enroll.add_argument("--cgroup", metavar="DIR", help="cgroup v2 directory (eBPF)")
+    unenroll = verbs.add_parser("unenroll", help="remove a pod's capture")
+    unenroll.add_argument("pod", metavar="POD")
+    for parser, handler in (
+        (ls, _redirects_list),
+        (show, _redirects_show),
+        (verify, _redirects_verify),
+        (enroll, _redirects_enroll),
+        (unenroll, _redirects_unenroll),
+    ):
+        iptables.add_options(parser)
+        _output_flag(parser)
+        parser.set_defaults(handler=handler)
+
+
+def _redirects_list(args: argparse.Namespace) -> int:
+    from agent.redirect import iptables  # noqa: PLC0415 - lazy, see module docstring
+
+    settings = iptables.resolve_settings(args, os.environ)
+    rows = [iptables.state_row(s) for s in iptables.list_enrolled(settings.registry)]
+    cols = ["pod", "netns", "mode", "inbound", "outbound", "skipped", "in_packets", "out_packets"]
+    if args.output == "wide":
+        cols += ["in_bytes", "out_bytes", "backend", "drift"]
+    elif any(r["drift"] for r in rows):
+        cols.append("drift")
+    _print(rows, args, columns=cols, rows=rows)
+    return 0
+
+
+def _redirects_show(args: argparse.Namespace) -> int:
+    from agent.redirect import iptables  # noqa: PLC0415 - lazy, see module docstring
+
+    settings = iptables.resolve_settings(args, os.environ)
+    state = iptables.inspect_enrolled(settings.registry, args.pod)
+    if args.output in ("json", "yaml"):
+        _print({**iptables.state_row(state), "rules": state.detail.splitlines()}, args)
+        return 0
+    print(state.detail or "(no rules)")
+    for line in state.drift:
+        print(f"# drift: {line}")
+    return 0
+
+
+def _redirects_verify(args: argparse.Namespace) -> int:
+    """Exit 1 when a probe did not reach the proxy port."""
+    from agent import config  # noqa: PLC0415 - lazy, see module docstring
+    from agent.errors import SettingError  # noqa: PLC0415
+    from agent.redirect import check, iptables  # noqa: PLC0415
+
+    settings = iptables.resolve_settings(args, os.environ)
+    entry = iptables.require(settings.registry, args.pod)
+    probe = None
+    if args.probe:
+        try:
+            probe = config.parse_host_port(args.probe)
+        except ValueError as exc:
+            raise SettingError("--probe", args.probe, str(exc)) from None
+    results = check.verify_pod(entry.spec, probe=probe)
+    rows = [{"direction": r.name, "ok": r.ok, "detail": r.detail, "hint": r.hint} for r in results]
+    ok = all(r.ok for r in results)
+    _print({"pod": args.pod, "ok": ok, "probes": rows}, args, rows=rows)
+    return 0 if ok else 1
+
+
+def _redirects_enroll(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415 - lazy, see module docstring
+
+    from agent.errors import SettingError  # noqa: PLC0415
+    from agent.redirect import annotations, iptables  # noqa: PLC0415
+    from agent.redirect.model import Mode  # noqa: PLC0415
+
+    settings = iptables.resolve_settings(args, os.environ)
+    ann = {}
+    for item in args.annotations:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SettingError("--annotations", item, "expected KEY=VALUE")
+        ann[key] = value
+    spec = annotations.build_spec(
+        pod=args.pod,
+        netns=Path(args.netns),
+        pod_ip=args.ip,
+        pod_annotations=ann,
+        cgroup=Path(args.cgroup) if args.cgroup else None,
+    )
+    red = iptables.redirector_for(
+        Mode(args.mode),
+        registry=settings.registry,
+        iptables_mode=settings.iptables_mode,
+        writer=settings.iptables_writer,
+    )
+    red.enroll(spec)
+    row = iptables.state_row(red.inspect(spec))
+    _print(row, args, rows=[row])
+    return 0
+
+
+def _redirects_unenroll(args: argparse.Namespace) -> int:
+    from agent.redirect import iptables  # noqa: PLC0415 - lazy, see module docstring
+
+    settings = iptables.resolve_settings(args, os.environ)
+    entry = iptables.require(settings.registry, args.pod)
+    red = iptables.redirector_for(
+        entry.mode,
+        registry=settings.registry,
+        iptables_mode=settings.iptables_mode,
+        writer=entry.writer or settings.iptables_writer,
+    )
+    red.unenroll(entry.spec)
+    row = {"pod": args.pod, "unenrolled": True}
+    _print(row, args, rows=[row])
+    return 0
+
+
+def _noun_check(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "check",
+        help="preflight: can this node capture pods' traffic?",
+        description="preflight like `linkerd check --pre`: kernel, cgroup v2, iptables, eBPF",
+    )
+    _output_flag(parser, ("table", "json", "yaml"))
+    parser.set_defaults(handler=_check)
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Exit 1 when an iptables-mode check fails (eBPF failures only change `auto`)."""
+    from agent.redirect import check  # noqa: PLC0415 - lazy, see module docstring
+    from agent.render import table  # noqa: PLC0415
+
+    core = check.node_checks()
+    ebpf = check.ebpf_checks()
+    mode, reason = check.auto_mode(ebpf)
+    rows = [
+        {"status": "pass" if r.ok else "fail", "check": r.name, "detail": r.detail, "hint": r.hint}
+        for r in [*core, *(ebpf or [])]
+    ]
+    ok = all(r.ok for r in core)
+    if args.output == "table":
+        print(table(rows))
+        print(f"\n--redirect auto would pick: {mode} ({reason})")
+        print("status: " + ("ok" if ok else "FAILED"))
+    else:
+        _print({"ok": ok, "checks": rows, "redirect_auto": {"mode": mode, "reason": reason}}, args)
+    return 0 if ok else 1
+
 
 # === NOUNS (keep last) ========================================================
 
-NOUNS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = []
+NOUNS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    _noun_redirects,
+    _noun_check,
+    _noun_certs,
+]

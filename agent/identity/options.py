@@ -1,0 +1,41 @@
+"""Flags of `meshagent certs` and their `MESHAGENT_*` mirrors (agent.config rules).
+
+Each option parses its raw value and raises `ValueError(reason)`, which
+`agent.config.resolve` turns into a `SettingError` naming the flag or variable.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from agent.config import Option, parse_seconds
+from agent.identity.names import DEFAULT_TRUST_DOMAIN, check_subdomain
+
+
+def parse_lifetime(raw: str) -> timedelta:
+    """A positive duration: `87600h`, `24h`, `90m`, `3600`."""
+    seconds = parse_seconds(raw)
+    if seconds <= 0:
+        raise ValueError("lifetime must be positive")
+    return timedelta(seconds=seconds)
+
+
+def parse_trust_domain(raw: str) -> str:
+    """A DNS-1123 subdomain such as `cluster.local`."""
+    return check_subdomain("trust domain", raw)
+
+
+ROOT_LIFETIME = Option(
+    flag="--lifetime", parse=parse_lifetime, default="87600h", help="validity of the trust anchor"
+)
+ISSUER_LIFETIME = Option(
+    flag="--lifetime", parse=parse_lifetime, default="8760h", help="validity of the issuer"
+)
+TRUST_DOMAIN = Option(
+    flag="--trust-domain",
+    parse=parse_trust_domain,
+    default=DEFAULT_TRUST_DOMAIN,
+    help="trust domain of the mesh",
+)
+CREATE_ROOT = (ROOT_LIFETIME, TRUST_DOMAIN)
+CREATE_ISSUER = (ISSUER_LIFETIME,)
