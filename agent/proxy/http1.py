@@ -1,0 +1,763 @@
+"""Sans-I/O HTTP/1.1 framing for a proxy: message boundaries and head facts, bodies untouched.
+
+Bytes go in (`feed(data)`, `feed_eof()`), events come out, in order:
+`RequestHead`/`ResponseHead`, zero or more `BodyData`, `MessageEnd`; a bad
+message yields one `ProtocolError(status, reason)` and the parser stops
+(terminal state); a switch of protocols yields `Upgraded(data)` and the
+connection is opaque from then on. Nothing here does I/O, reads a clock or
+logs, and `feed`/`feed_eof` never raise.
+
+Why not httptools: it cannot be told that a response answers a HEAD request
+(its llhttp `on_headers_complete` skip-body return is not exposed), so it
+would wait for a body that never comes; and it copies every body chunk. This
+parser is small, handles both, and hands bodies out as zero-copy views.
+
+Rules:
+1. Pipelining: several messages in one buffer come out in order; bytes past
+   the current message are kept, never lost.
+2. Bodies are never re-encoded. `BodyData.data` is the input object itself or
+   a memoryview of it; it stays valid as long as the fed object is unchanged.
+   With `decode_chunked=False` (the default, for HTTP/1 to HTTP/1) a chunked
+   body is passed as its raw wire bytes, chunk framing and trailers included,
+   so the shell keeps `Transfer-Encoding: chunked`; with `decode_chunked=True`
+   `BodyData` carries payload and `MessageEnd.trailers` the trailers.
+3. Requests: `Transfer-Encoding` with `Content-Length`, conflicting lengths,
+   a final coding other than chunked, obs-fold, bare CR/LF and NUL are
+   rejected (smuggling defences). A request without either has no body.
+4. Responses need the request they answer: call `ResponseParser.expect(method,
+   upgrade=...)` per request sent. HEAD, 1xx, 204 and 304 responses have no
+   body; 1xx other than 101 are interim; 101 to an upgrade request and 2xx to
+   CONNECT switch to opaque. Without a length a response body runs to EOF.
+5. After a request that asks to upgrade (or CONNECT) ends, the request parser
+   pauses, buffering input, until the shell calls `upgrade_accepted()` (the
+   buffered bytes are the start of the tunnel) or `upgrade_declined()`.
+6. A message that does not keep the connection alive is the last one; later
+   input is ignored.
+
+Transitions (state -> handler) are the table `_Parser._handlers`; input in a
+terminal state (CLOSED, SWITCHED, ERROR) is ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+Headers = list[tuple[bytes, bytes]]
+
+MAX_HEAD_BYTES = 64 * 1024
+MAX_CHUNK_LINE = 4096
+
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_CTL = re.compile(rb"[\x00-\x20\x7f]")
+_BAD_START = re.compile(rb"[\x00\r\n]")
+# One header line: token ":" OWS value OWS CRLF; no obs-fold, no bare CR/LF, no NUL.
+# The value keeps trailing whitespace (a lazy match to drop it costs 50% more); forwarding it is
+# harmless and the framing facts strip it.
+_HEADER_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\r\n\x00]*)\r\n")
+_HEADER_SECTION = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n\x00]*\r\n)*")
+_ANY_VERSION = re.compile(rb"HTTP/[0-9]\.[0-9]")
+
+
+class Framing(enum.Enum):
+    """How a message's body is delimited."""
+
+    NONE = "none"
+    CONTENT_LENGTH = "content-length"
+    CHUNKED = "chunked"
+    UNTIL_CLOSE = "until-close"
+
+
+# Events are plain slotted dataclasses (not frozen: they are built on the hot
+# path and frozen __init__ costs a setattr call per field); treat them as immutable.
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestHead:
+    """A request line and its headers (raw names; values minus leading whitespace)."""
+
+    method: bytes
+    target: bytes
+    version: bytes  # b"1.1" or b"1.0"
+    headers: Headers
+    keep_alive: bool
+    framing: Framing
+    content_length: int | None = None
+    upgrade: bytes | None = None  # the Upgrade value when Connection names upgrade
+    expect_continue: bool = False
+
+
+@dataclass(slots=True, kw_only=True)
+class ResponseHead:
+    """A status line and its headers (raw names; values minus leading whitespace)."""
+
+    status: int
+    reason: bytes
+    version: bytes
+    headers: Headers
+    keep_alive: bool
+    framing: Framing
+    content_length: int | None = None
+
+
+@dataclass(slots=True)
+class BodyData:
+    """A piece of body: payload, or raw chunked wire bytes (see rule 2)."""
+
+    data: bytes | memoryview
+
+
+@dataclass(slots=True)
+class MessageEnd:
+    """The message is complete; `trailers` only when decoding chunked bodies."""
+
+    trailers: Headers | None = None
+
+
+@dataclass(slots=True)
+class ProtocolError:
+    """The peer sent something we will not forward; `status` is what to answer."""
+
+    status: int
+    reason: str
+
+
+@dataclass(slots=True)
+class Upgraded:
+    """The connection now carries opaque bytes; `data` came right after the head."""
+
+    data: bytes
+
+
+Event = RequestHead | ResponseHead | BodyData | MessageEnd | ProtocolError | Upgraded
+
+
+class _S(enum.IntEnum):
+    # IntEnum, not Enum: states are hashed on every step, and Enum.__hash__ is Python code.
+    HEAD = 0
+    BODY = 1
+    CHUNK_SIZE = 2
+    CHUNK_DATA = 3
+    CHUNK_CRLF = 4
+    TRAILERS = 5
+    UNTIL_CLOSE = 6
+    PAUSED = 7
+    CLOSED = 8
+    SWITCHED = 9
+    ERROR = 10
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+
+_CHUNKED_STATES = frozenset({_S.CHUNK_SIZE, _S.CHUNK_DATA, _S.CHUNK_CRLF, _S.TRAILERS})
+_TERMINAL = frozenset({_S.CLOSED, _S.SWITCHED, _S.ERROR})
+
+
+class _Invalid(Exception):  # noqa: N818 - private control flow inside head parsing
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class _HeadFacts:
+    """The few header facts that decide framing; `_NO_FACTS` when none were sent."""
+
+    content_length: int | None = None
+    chunked: bool = False
+    transfer_encoding: bool = False
+    conn_tokens: frozenset[bytes] = frozenset()
+    upgrade: bytes | None = None
+    expect_continue: bool = False
+
+
+_NO_FACTS = _HeadFacts()  # shared and never mutated: only built facts are written to
+_FACT_NAMES = frozenset(
+    {b"content-length", b"transfer-encoding", b"connection", b"upgrade", b"expect"}
+)
+_FACT_LENGTHS = frozenset(len(n) for n in _FACT_NAMES)
+
+
+class _Parser:
+    """Shared machinery; see RequestParser and ResponseParser."""
+
+    _error_status = 400  # what a malformed message is answered with
+    _too_large = 431
+
+    def __init__(self, *, decode_chunked: bool = False, max_head: int = MAX_HEAD_BYTES) -> None:
+        self.decode_chunked = decode_chunked
+        self.max_head = max_head
+        self._state = _S.HEAD
+        self._stash = b""
+        self._scan = 0  # where to resume looking for the end of a partial head
+        self._remaining = 0  # body or chunk bytes still to come
+        self._raw_from = -1  # start of raw chunked bytes not yet emitted (-1: none)
+        self._keep_alive = True
+        self._handlers: dict[_S, Callable[[bytes, int, list[Event]], int]] = {
+            _S.HEAD: self._on_head,
+            _S.BODY: self._on_body,
+            _S.CHUNK_SIZE: self._on_chunk_size,
+            _S.CHUNK_DATA: self._on_chunk_data,
+            _S.CHUNK_CRLF: self._on_chunk_crlf,
+            _S.TRAILERS: self._on_trailers,
+            _S.UNTIL_CLOSE: self._on_until_close,
+            _S.PAUSED: self._on_paused,
+        }
+
+    @property
+    def state(self) -> str:
+        """The parser state's name (for tests and debugging)."""
+        return self._state.label
+
+    def feed(self, data: bytes) -> list[Event]:
+        """Parse more input; returns the events it completes. Never raises."""
+        events: list[Event] = []
+        if self._state in _TERMINAL:
+            return events
+        if type(data) is not bytes:
+            data = bytes(data)
+        if self._stash:
+            data = self._stash + data
+            self._stash = b""
+        pos, end = 0, len(data)
+        raw = not self.decode_chunked
+        while pos < end and self._state not in _TERMINAL:
+            if raw and self._raw_from < 0 and self._state in _CHUNKED_STATES:
+                self._raw_from = pos
+            pos = self._handlers[self._state](data, pos, events)
+        self._flush_raw(data, end, events)
+        return events
+
+    def feed_eof(self) -> list[Event]:
+        """The peer closed its sending side; returns the last events. Never raises."""
+        state = self._state
+        if state is _S.UNTIL_CLOSE:
+            self._state = _S.CLOSED
+            return [MessageEnd()]
+        if state is _S.HEAD and not self._stash:
+            self._state = _S.CLOSED
+            return []
+        if state in _TERMINAL or state is _S.PAUSED:
+            return []
+        return [self._fail(self._error_status, f"connection closed in {state.label}")]
+
+    # --- shared steps -----------------------------------------------------
+
+    def _fail(self, status: int, reason: str) -> ProtocolError:
+        self._state = _S.ERROR
+        self._stash = b""
+        self._raw_from = -1
+        return ProtocolError(status, reason)
+
+    def _wait(self, data: bytes, pos: int, events: list[Event]) -> int:
+        """Keep data[pos:] for the next feed, after emitting raw chunked bytes before it."""
+        self._flush_raw(data, pos, events)
+        self._stash = data[pos:]
+        return len(data)
+
+    def _flush_raw(self, data: bytes, upto: int, events: list[Event]) -> None:
+        start = self._raw_from
+        if start >= 0:
+            self._raw_from = -1
+            if upto > start:
+                events.append(BodyData(_view(data, start, upto)))
+
+    def _find_head(self, data: bytes, pos: int, events: list[Event]) -> tuple[int, int]:
+        """(start, end) of the next head, end just past its blank line; end < 0 if not yet."""
+        while data.startswith(b"\r\n", pos):  # tolerate blank lines between messages
+            pos += 2
+        idx = data.find(b"\r\n\r\n", pos + self._scan)
+        if idx < 0:
+            if len(data) - pos > self.max_head:
+                events.append(self._fail(self._too_large, "message head too large"))
+            elif pos < len(data):
+                self._scan = max(len(data) - pos - 3, 0)
+                self._wait(data, pos, events)
+            return pos, -1
+        self._scan = 0
+        if idx - pos > self.max_head:
+            events.append(self._fail(self._too_large, "message head too large"))
+            return pos, -1
+        return pos, idx + 4
+
+    def _split_head(self, block: bytes) -> tuple[bytes, Headers, _HeadFacts]:
+        eol = block.find(b"\r\n")
+        if eol < 0:
+            start, section = block, b""
+        else:
+            start, section = block[:eol], block[eol + 2 :] + b"\r\n"
+        if _BAD_START.search(start) or (section and _HEADER_SECTION.fullmatch(section) is None):
+            raise _Invalid(self._error_status, "malformed header section")
+        headers: Headers = _HEADER_LINE.findall(section)
+        facts = _NO_FACTS
+        for name, value in headers:
+            # Only five header names decide framing; skip the rest without lowering them.
+            if len(name) in _FACT_LENGTHS and (lname := name.lower()) in _FACT_NAMES:
+                if facts is _NO_FACTS:
+                    facts = _HeadFacts()
+                _note(facts, lname, value, self._error_status)
+        return start, headers, facts
+
+    def _begin_body(self, framing: Framing, length: int | None, events: list[Event]) -> None:
+        if framing is Framing.CHUNKED:
+            self._state = _S.CHUNK_SIZE
+        elif framing is Framing.UNTIL_CLOSE:
+            self._state = _S.UNTIL_CLOSE
+        elif framing is Framing.CONTENT_LENGTH and length:
+            self._state, self._remaining = _S.BODY, length
+        else:
+            self._message_end(events)
+
+    def _message_end(self, events: list[Event], trailers: Headers | None = None) -> None:
+        events.append(MessageEnd(trailers))
+        self._state = _S.HEAD if self._keep_alive else _S.CLOSED
+
+    # --- handlers: the transition table is self._handlers --------------------
+
+    def _on_head(self, data: bytes, pos: int, events: list[Event]) -> int:  # pragma: no cover
+        raise NotImplementedError
+
+    def _on_body(self, data: bytes, pos: int, events: list[Event]) -> int:
+        take = min(self._remaining, len(data) - pos)
+        events.append(BodyData(_view(data, pos, pos + take)))
+        self._remaining -= take
+        if self._remaining == 0:
+            self._message_end(events)
+        return pos + take
+
+    def _on_chunk_size(self, data: bytes, pos: int, events: list[Event]) -> int:
+        idx = data.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
+        if idx < 0:
+            if len(data) - pos >= MAX_CHUNK_LINE:
+                events.append(self._fail(self._error_status, "chunk size line too long"))
+                return len(data)
+            return self._wait(data, pos, events)
+        size_field = data[pos:idx].partition(b";")[0].rstrip(b" \t")
+        if _CHUNK_SIZE.fullmatch(size_field) is None:
+            events.append(self._fail(self._error_status, "bad chunk size"))
+            return len(data)
+        size = int(size_field, 16)
+        if size == 0:
+            self._state = _S.TRAILERS
+        else:
+            self._state, self._remaining = _S.CHUNK_DATA, size
+        return idx + 2
+
+    def _on_chunk_data(self, data: bytes, pos: int, events: list[Event]) -> int:
+        take = min(self._remaining, len(data) - pos)
+        if self.decode_chunked:
+            events.append(BodyData(_view(data, pos, pos + take)))
+        self._remaining -= take
+        if self._remaining == 0:
+            self._state = _S.CHUNK_CRLF
+        return pos + take
+
+    def _on_chunk_crlf(self, data: bytes, pos: int, events: list[Event]) -> int:
+        if data.startswith(b"\r\n", pos):
+            self._state = _S.CHUNK_SIZE
+            return pos + 2
+        if pos + 1 == len(data) and data[pos] == 0x0D:
+            return self._wait(data, pos, events)
+        events.append(self._fail(self._error_status, "chunk data not followed by CRLF"))
+        return len(data)
+
+    def _on_trailers(self, data: bytes, pos: int, events: list[Event]) -> int:
+        trailers: Headers = []
+        if data.startswith(b"\r\n", pos):
+            end = pos + 2
+        else:
+            idx = data.find(b"\r\n\r\n", pos)
+            if idx < 0:
+                if len(data) - pos > self.max_head:
+                    events.append(self._fail(self._error_status, "trailers too large"))
+                    return len(data)
+                return self._wait(data, pos, events)
+            end = idx + 4
+            try:
+                _, trailers, _ = self._split_head(b"trailers\r\n" + data[pos:idx])
+            except _Invalid as exc:
+                events.append(self._fail(exc.status, exc.reason))
+                return len(data)
+        self._flush_raw(data, end, events)
+        self._message_end(events, trailers if self.decode_chunked else None)
+        return end
+
+    def _on_until_close(self, data: bytes, pos: int, events: list[Event]) -> int:
+        events.append(BodyData(_view(data, pos, len(data))))
+        return len(data)
+
+    def _on_paused(self, data: bytes, pos: int, events: list[Event]) -> int:  # noqa: ARG002
+        self._stash = data[pos:]
+        return len(data)
+
+
+def _view(data: bytes, start: int, end: int) -> bytes | memoryview:
+    if start == 0 and end == len(data):
+        return data
+    return memoryview(data)[start:end]
+
+
+def _note(facts: _HeadFacts, lname: bytes, value: bytes, status: int) -> None:
+    """Record the headers that decide framing and connection handling."""
+    if lname == b"content-length":
+        for raw_part in value.split(b","):
+            part = raw_part.strip(b" \t")
+            if not part.isdigit() or len(part) > 18:
+                raise _Invalid(status, "bad content-length")
+            n = int(part)
+            if facts.content_length is not None and facts.content_length != n:
+                raise _Invalid(status, "conflicting content-length values")
+            facts.content_length = n
+    elif lname == b"transfer-encoding":
+        facts.transfer_encoding = True
+        codings = [c.strip(b" \t").lower() for c in value.split(b",")]
+        if facts.chunked or b"chunked" in codings[:-1]:
+            raise _Invalid(status, "chunked is not the final transfer coding")
+        facts.chunked = codings[-1] == b"chunked"
+    elif lname == b"connection":
+        tokens = {t.strip(b" \t").lower() for t in value.split(b",")}
+        facts.conn_tokens = facts.conn_tokens | tokens if facts.conn_tokens else frozenset(tokens)
+    elif lname == b"upgrade":
+        facts.upgrade = value
+    else:  # expect
+        facts.expect_continue = value.lower() == b"100-continue"
+
+
+def _version(raw: bytes, bad: int, unsupported: int) -> bytes:
+    if raw == b"HTTP/1.1":
+        return b"1.1"
+    if raw == b"HTTP/1.0":
+        return b"1.0"
+    if _ANY_VERSION.fullmatch(raw):
+        raise _Invalid(unsupported, f"unsupported version {raw!r}")
+    raise _Invalid(bad, f"bad HTTP version {raw[:16]!r}")
+
+
+def _keep_alive(version: bytes, tokens: frozenset[bytes]) -> bool:
+    if b"close" in tokens:
+        return False
+    return version == b"1.1" or b"keep-alive" in tokens
+
+
+class RequestParser(_Parser):
+    """Parses the requests a client sends."""
+
+    def __init__(self, *, decode_chunked: bool = False, max_head: int = MAX_HEAD_BYTES) -> None:
+        super().__init__(decode_chunked=decode_chunked, max_head=max_head)
+        self._switching = False  # the current request asks to upgrade or CONNECT
+
+    def upgrade_accepted(self) -> bytes:
+        """The server switched protocols: returns buffered bytes, the start of the tunnel."""
+        data, self._stash = self._stash, b""
+        self._state = _S.SWITCHED
+        return data
+
+    def upgrade_declined(self) -> list[Event]:
+        """The server did not switch: parse what was buffered as further requests."""
+        self._switching = False
+        if self._state is not _S.PAUSED:
+            return []
+        self._state = _S.HEAD if self._keep_alive else _S.CLOSED
+        data, self._stash = self._stash, b""
+        return self.feed(data) if data else []
+
+    def _on_head(self, data: bytes, pos: int, events: list[Event]) -> int:
+        start, end = self._find_head(data, pos, events)
+        if end < 0:
+            return len(data)
+        try:
+            head = self._request_head(data[start : end - 4])
+        except _Invalid as exc:
+            events.append(self._fail(exc.status, exc.reason))
+            return len(data)
+        events.append(head)
+        self._keep_alive = head.keep_alive
+        self._switching = head.upgrade is not None or head.method == b"CONNECT"
+        self._begin_body(head.framing, head.content_length, events)
+        return end
+
+    def _message_end(self, events: list[Event], trailers: Headers | None = None) -> None:
+        super()._message_end(events, trailers)
+        if self._switching:
+            self._state = _S.PAUSED
+
+    def _request_head(self, block: bytes) -> RequestHead:
+        start, headers, facts = self._split_head(block)
+        parts = start.split(b" ")
+        if len(parts) != 3 or _TOKEN.fullmatch(parts[0]) is None or not parts[1]:
+            raise _Invalid(400, f"bad request line {start[:60]!r}")
+        method, target, raw_version = parts
+        if _CTL.search(target):
+            raise _Invalid(400, "control character in request target")
+        version = _version(raw_version, 400, 505)
+        if facts.transfer_encoding:
+            if facts.content_length is not None:
+                raise _Invalid(400, "both transfer-encoding and content-length")
+            if version == b"1.0" or not facts.chunked:
+                raise _Invalid(400, "request transfer-encoding must end in chunked (HTTP/1.1)")
+            framing = Framing.CHUNKED
+        elif facts.content_length is not None:
+            framing = Framing.CONTENT_LENGTH
+        else:
+            framing = Framing.NONE
+        upgrade = facts.upgrade if b"upgrade" in facts.conn_tokens else None
+        return RequestHead(
+            method=method,
+            target=target,
+            version=version,
+            headers=headers,
+            keep_alive=_keep_alive(version, facts.conn_tokens),
+            framing=framing,
+            content_length=facts.content_length,
+            upgrade=upgrade,
+            expect_continue=facts.expect_continue,
+        )
+
+
+@dataclass(slots=True)
+class _Pending:
+    method: bytes
+    upgrade: bool
+
+
+class ResponseParser(_Parser):
+    """Parses the responses a server sends; tell it each request with `expect`."""
+
+    _error_status = 502
+    _too_large = 502
+
+    def __init__(self, *, decode_chunked: bool = False, max_head: int = MAX_HEAD_BYTES) -> None:
+        super().__init__(decode_chunked=decode_chunked, max_head=max_head)
+        self._pending: deque[_Pending] = deque()
+
+    def expect(self, method: bytes, *, upgrade: bool = False) -> None:
+        """A request was sent; its response comes after those already expected."""
+        self._pending.append(_Pending(method, upgrade))
+
+    def _on_head(self, data: bytes, pos: int, events: list[Event]) -> int:  # noqa: PLR0911 - one exit per outcome
+        start, end = self._find_head(data, pos, events)
+        if end < 0:
+            return len(data)
+        if not self._pending:
+            events.append(self._fail(502, "response without a request"))
+            return len(data)
+        request = self._pending[0]
+        try:
+            head = self._response_head(data[start : end - 4], request.method)
+        except _Invalid as exc:
+            events.append(self._fail(exc.status, exc.reason))
+            return len(data)
+        status = head.status
+        if status < 200 and status != 101:  # interim: the final response still comes
+            events.append(head)
+            events.append(MessageEnd())
+            return end
+        self._pending.popleft()
+        if status == 101 or (request.method == b"CONNECT" and status < 300):
+            if status == 101 and not request.upgrade:
+                events.append(self._fail(502, "101 without an upgrade request"))
+                return len(data)
+            events.append(head)
+            events.append(MessageEnd())
+            events.append(Upgraded(data[end:]))
+            self._state = _S.SWITCHED
+            return len(data)
+        events.append(head)
+        self._keep_alive = head.keep_alive
+        self._begin_body(head.framing, head.content_length, events)
+        return end
+
+    def _response_head(self, block: bytes, method: bytes) -> ResponseHead:
+        start, headers, facts = self._split_head(block)
+        raw_version, _, rest = start.partition(b" ")
+        code, _, reason = rest.partition(b" ")
+        version = _version(raw_version, 502, 502)
+        if len(code) != 3 or not code.isdigit() or code[:1] == b"0":
+            raise _Invalid(502, f"bad status line {start[:60]!r}")
+        status = int(code)
+        if status < 200 or status in (204, 304) or method == b"HEAD":
+            framing = Framing.NONE
+        elif facts.transfer_encoding:
+            framing = Framing.CHUNKED if facts.chunked else Framing.UNTIL_CLOSE
+            facts.content_length = None  # transfer-encoding overrides a length
+        elif facts.content_length is not None:
+            framing = Framing.CONTENT_LENGTH
+        else:
+            framing = Framing.UNTIL_CLOSE
+        keep_alive = framing is not Framing.UNTIL_CLOSE and _keep_alive(version, facts.conn_tokens)
+        return ResponseHead(
+            status=status,
+            reason=reason,
+            version=version,
+            headers=headers,
+            keep_alive=keep_alive,
+            framing=framing,
+            content_length=facts.content_length,
+        )
+
+
+# --- header helpers -----------------------------------------------------------
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+DST_OVERRIDE = b"l5d-dst-override"
+CLIENT_ID = b"l5d-client-id"
+PROXY_ERROR = b"l5d-proxy-error"
+
+
+def get_header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The first value of header `name` (lowercase), or None."""
+    size = len(name)
+    for key, value in headers:
+        if len(key) == size and key.lower() == name:
+            return value
+    return None
+
+
+def strip_hop_by_hop(headers: Headers, *, keep: frozenset[bytes] = frozenset()) -> Headers:
+    """Headers without hop-by-hop fields, `Proxy-*`, and those `Connection` names.
+
+    `keep` (lowercase names) survives anyway: e.g. `{b"transfer-encoding"}` when
+    a chunked body is passed through raw.
+    """
+    drop = set(HOP_BY_HOP)
+    for key, value in headers:
+        if key.lower() == b"connection":
+            drop.update(t.strip(b" \t").lower() for t in value.split(b","))
+    drop -= keep
+    out: Headers = []
+    for key, value in headers:
+        lname = key.lower()
+        if lname in drop or (lname.startswith(b"proxy-") and lname not in keep):
+            continue
+        out.append((key, value))
+    return out
+
+
+def dst_override(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The `l5d-dst-override` authority a client asked for, or None (bad bytes: None)."""
+    value = get_header(headers, DST_OVERRIDE)
+    if not value or not value.isascii():
+        return None
+    return value.decode("ascii")
+
+
+def set_client_id(headers: Headers, identity: str | None) -> Headers:
+    """Drop any client-sent `l5d-client-id`; add the verified identity when there is one."""
+    out = [(k, v) for k, v in headers if not (len(k) == 13 and k.lower() == CLIENT_ID)]
+    if identity is not None:
+        out.append((CLIENT_ID, identity.encode("ascii")))
+    return out
+
+
+def request_head_bytes(
+    method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]], version: bytes = b"1.1"
+) -> bytes:
+    """Serialize a request head (request line, headers, blank line) in one join."""
+    parts = [method, b" ", target, b" HTTP/", version, b"\r\n"]
+    for key, value in headers:
+        parts += (key, b": ", value, b"\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+def response_head_bytes(
+    status: int,
+    headers: Iterable[tuple[bytes, bytes]],
+    reason: bytes | None = None,
+    version: bytes = b"1.1",
+) -> bytes:
+    """Serialize a response head; `reason` defaults to the standard phrase."""
+    if reason is None:
+        reason = REASONS.get(status, b"")
+    parts = [b"HTTP/", version, b" ", b"%d" % status, b" ", reason, b"\r\n"]
+    for key, value in headers:
+        parts += (key, b": ", value, b"\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+REASONS = {
+    200: b"OK",
+    400: b"Bad Request",
+    403: b"Forbidden",
+    404: b"Not Found",
+    408: b"Request Timeout",
+    413: b"Content Too Large",
+    431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error",
+    501: b"Not Implemented",
+    502: b"Bad Gateway",
+    503: b"Service Unavailable",
+    504: b"Gateway Timeout",
+    505: b"HTTP Version Not Supported",
+}
+
+
+def _header_text(message: str) -> bytes:
+    # Header values must not carry CR, LF or non-ASCII: squash them.
+    return message.encode("ascii", "replace").replace(b"\r", b" ").replace(b"\n", b" ")
+
+
+def error_response(status: int, message: str, *, close: bool = False) -> bytes:
+    """A bodiless proxy error response carrying `l5d-proxy-error`, as linkerd2-proxy sends.
+
+    403 unauthorized, 502 connection failed, 503 unavailable (no endpoints,
+    load shed), 504 timeout. With `close`, the connection is to be closed.
+    """
+    headers: Headers = [(PROXY_ERROR, _header_text(message)), (b"content-length", b"0")]
+    if close:
+        headers += ((b"connection", b"close"), (b"l5d-proxy-connection", b"close"))
+    return response_head_bytes(status, headers)
+
+
+GRPC_PERMISSION_DENIED = 7
+GRPC_UNAVAILABLE = 14
+GRPC_DEADLINE_EXCEEDED = 4
+
+
+def grpc_error_headers(grpc_status: int, message: str) -> Headers:
+    """Headers of a trailers-only gRPC error (HTTP 200, no body): for h1 or h2 shells."""
+    return [
+        (b"content-type", b"application/grpc"),
+        (b"grpc-status", b"%d" % grpc_status),
+        (b"grpc-message", _grpc_percent_encode(message)),
+        (PROXY_ERROR, _header_text(message)),
+    ]
+
+
+def grpc_error_response(grpc_status: int, message: str) -> bytes:
+    """A trailers-only gRPC error as an HTTP/1.1 response (e.g. deny: grpc-status 7)."""
+    headers = grpc_error_headers(grpc_status, message)
+    headers.append((b"content-length", b"0"))
+    return response_head_bytes(200, headers)
+
+
+def _grpc_percent_encode(message: str) -> bytes:
+    # gRPC's grpc-message: UTF-8, bytes outside 0x20..0x7E and '%' percent-encoded.
+    out = bytearray()
+    for b in message.encode("utf-8"):
+        if 0x20 <= b <= 0x7E and b != 0x25:
+            out.append(b)
+        else:
+            out += b"%%%02X" % b
+    return bytes(out)

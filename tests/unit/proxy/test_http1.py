@@ -1,0 +1,527 @@
+"""The sans-I/O HTTP/1.1 framing core: playbooks, pipelining, splits, malformed input."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.proxy.http1 import (
+    BodyData,
+    Framing,
+    MessageEnd,
+    ProtocolError,
+    RequestHead,
+    RequestParser,
+    ResponseHead,
+    ResponseParser,
+    Upgraded,
+    dst_override,
+    error_response,
+    get_header,
+    grpc_error_headers,
+    grpc_error_response,
+    request_head_bytes,
+    response_head_bytes,
+    set_client_id,
+    strip_hop_by_hop,
+)
+
+
+def summarize(events):
+    """Events as comparable tuples; body pieces joined per message."""
+    out = []
+    for ev in events:
+        if isinstance(ev, RequestHead):
+            out.append(("req", ev.method, ev.target, ev.framing, ev.keep_alive))
+        elif isinstance(ev, ResponseHead):
+            out.append(("rsp", ev.status, ev.framing, ev.keep_alive))
+        elif isinstance(ev, BodyData):
+            if out and out[-1][0] == "body":
+                out[-1] = ("body", out[-1][1] + bytes(ev.data))
+            else:
+                out.append(("body", bytes(ev.data)))
+        elif isinstance(ev, MessageEnd):
+            out.append(("end", ev.trailers))
+        elif isinstance(ev, ProtocolError):
+            out.append(("error", ev.status))
+        elif isinstance(ev, Upgraded):
+            out.append(("upgraded", ev.data))
+    return out
+
+
+def feed_all(parser, pieces, eof=False):
+    events = []
+    for piece in pieces:
+        events += parser.feed(piece)
+    if eof:
+        events += parser.feed_eof()
+    return events
+
+
+def split_at(data, cuts):
+    cuts = sorted({c for c in cuts if 0 < c < len(data)})
+    bounds = [0, *cuts, len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+PIPELINE = (
+    b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
+    b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+    b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Sum: 5\r\n\r\n"
+    b"GET /d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+)
+RAW_CHUNKED = b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Sum: 5\r\n\r\n"
+PIPELINE_EXPECTED = [
+    ("req", b"GET", b"/a", Framing.NONE, True),
+    ("end", None),
+    ("req", b"POST", b"/b", Framing.CONTENT_LENGTH, True),
+    ("body", b"hello"),
+    ("end", None),
+    ("req", b"PUT", b"/c", Framing.CHUNKED, True),
+    ("body", RAW_CHUNKED),
+    ("end", None),
+    ("req", b"GET", b"/d", Framing.NONE, False),
+    ("end", None),
+]
+
+
+def test_pipelined_requests_in_one_buffer_come_out_in_order():
+    assert summarize(RequestParser().feed(PIPELINE)) == PIPELINE_EXPECTED
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(PIPELINE) - 1), max_size=12))
+def test_pipelined_requests_split_anywhere_give_the_same_events(cuts):
+    events = feed_all(RequestParser(), split_at(PIPELINE, cuts))
+    assert summarize(events) == PIPELINE_EXPECTED
+
+
+def test_every_single_byte_split_of_a_chunked_body_passes_raw_bytes_through():
+    head = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for cut in range(1, len(RAW_CHUNKED)):
+        events = feed_all(RequestParser(), [head + RAW_CHUNKED[:cut], RAW_CHUNKED[cut:]])
+        assert summarize(events)[1:] == [("body", RAW_CHUNKED), ("end", None)], cut
+
+
+def test_byte_by_byte_feeding_matches_one_shot_feeding():
+    events = feed_all(RequestParser(), [bytes([b]) for b in PIPELINE])
+    assert summarize(events) == PIPELINE_EXPECTED
+
+
+@given(
+    chunks=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=6),
+    cuts=st.lists(st.integers(min_value=1, max_value=400), max_size=10),
+)
+def test_decoded_chunked_body_equals_payload_for_any_split(chunks, cuts):
+    wire = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    wire += b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\nA: b\r\n\r\n"
+    events = feed_all(RequestParser(decode_chunked=True), split_at(wire, cuts))
+    assert summarize(events) == [
+        ("req", b"POST", b"/", Framing.CHUNKED, True),
+        ("body", b"".join(chunks)),
+        ("end", [(b"A", b"b")]),
+    ]
+
+
+def test_content_length_body_is_a_zero_copy_view_of_the_input():
+    parser = RequestParser()
+    parser.feed(b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n")
+    data = b"0123456789"
+    (body, end) = parser.feed(data)
+    assert body.data is data
+    assert isinstance(end, MessageEnd)
+
+
+def test_second_request_bytes_wait_while_first_body_is_incomplete():
+    parser = RequestParser()
+    first = parser.feed(b"POST / HTTP/1.1\r\nContent-Length: 4\r\n\r\nab")
+    assert summarize(first)[-1] == ("body", b"ab")
+    rest = parser.feed(b"cdGET /next HTTP/1.1\r\n\r\n")
+    assert summarize(rest) == [
+        ("body", b"cd"),
+        ("end", None),
+        ("req", b"GET", b"/next", Framing.NONE, True),
+        ("end", None),
+    ]
+
+
+def test_request_head_facts():
+    (head, _) = RequestParser().feed(
+        b"GET /x?y=1 HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\nExpect: 100-continue\r\n\r\n"
+    )
+    assert head.version == b"1.0"
+    assert head.keep_alive is True
+    assert head.expect_continue is True
+    assert head.headers == [
+        (b"Host", b"a"),
+        (b"Connection", b"keep-alive"),
+        (b"Expect", b"100-continue"),
+    ]
+
+
+def test_http10_request_without_keep_alive_closes_and_ignores_later_bytes():
+    parser = RequestParser()
+    events = parser.feed(b"GET / HTTP/1.0\r\n\r\nGET /ignored HTTP/1.0\r\n\r\n")
+    assert summarize(events) == [("req", b"GET", b"/", Framing.NONE, False), ("end", None)]
+    assert parser.state == "closed"
+    assert parser.feed(b"more") == []
+
+
+def test_blank_lines_before_a_request_are_tolerated():
+    events = RequestParser().feed(b"\r\n\r\nGET / HTTP/1.1\r\n\r\n")
+    assert summarize(events)[0][:3] == ("req", b"GET", b"/")
+
+
+@pytest.mark.parametrize(
+    ("wire", "status"),
+    [
+        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", 400),
+        (b"GET / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nX: a\r\n folded\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nBad Name: a\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nX: a\nY: b\r\n\r\n", 400),
+        (b"GET / HTTP/1.1\r\nX: a\x00\r\n\r\n", 400),
+        (b"GET /\x01 HTTP/1.1\r\n\r\n", 400),
+        (b"GET / HTTP/2.0\r\n\r\n", 505),
+        (b"GET / FOO/1.1\r\n\r\n", 400),
+        (b"GET  / HTTP/1.1\r\n\r\n", 400),
+        (b"G(T / HTTP/1.1\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nabc", 400),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nBad Trailer\r\n\r\n", 400),
+    ],
+)
+def test_malformed_requests_become_one_protocol_error_and_stop(wire, status):
+    parser = RequestParser()
+    events = parser.feed(wire)
+    assert isinstance(events[-1], ProtocolError)
+    assert events[-1].status == status
+    assert parser.state == "error"
+    assert parser.feed(b"GET / HTTP/1.1\r\n\r\n") == []
+    assert parser.feed_eof() == []
+
+
+def test_oversized_head_is_431_even_before_it_ends():
+    parser = RequestParser(max_head=64)
+    events = parser.feed(b"GET / HTTP/1.1\r\n" + b"X: " + b"a" * 100)
+    assert events == [ProtocolError(431, "message head too large")]
+
+
+def test_oversized_complete_head_is_431():
+    events = RequestParser(max_head=64).feed(b"GET / HTTP/1.1\r\nX: " + b"a" * 100 + b"\r\n\r\n")
+    assert events[0].status == 431
+
+
+def test_long_chunk_size_line_is_rejected():
+    parser = RequestParser()
+    parser.feed(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert parser.feed(b"1" * 5000)[-1].status == 400
+
+
+def test_eof_mid_body_is_an_error_and_clean_eof_is_not():
+    parser = RequestParser()
+    parser.feed(b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab")
+    assert parser.feed_eof() == [ProtocolError(400, "connection closed in body")]
+    assert RequestParser().feed_eof() == []
+    partial = RequestParser()
+    partial.feed(b"GET / HT")
+    assert partial.feed_eof()[0].status == 400
+
+
+def test_upgrade_request_pauses_until_the_shell_knows_the_answer():
+    parser = RequestParser()
+    events = parser.feed(
+        b"GET /ws HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nframe-bytes"
+    )
+    assert events[0].upgrade == b"websocket"
+    assert isinstance(events[-1], MessageEnd)
+    assert parser.state == "paused"
+    assert parser.feed(b"-more") == []
+    assert parser.upgrade_accepted() == b"frame-bytes-more"
+    assert parser.feed(b"x") == []
+
+
+def test_declined_upgrade_resumes_parsing_buffered_requests():
+    parser = RequestParser()
+    parser.feed(
+        b"GET / HTTP/1.1\r\nConnection: upgrade\r\nUpgrade: h2c\r\n\r\nGET /2 HTTP/1.1\r\n\r\n"
+    )
+    assert summarize(parser.upgrade_declined()) == [
+        ("req", b"GET", b"/2", Framing.NONE, True),
+        ("end", None),
+    ]
+    assert parser.upgrade_declined() == []
+
+
+def test_declined_upgrade_with_nothing_buffered_returns_no_events():
+    parser = RequestParser()
+    parser.feed(b"CONNECT h:443 HTTP/1.1\r\n\r\n")
+    assert parser.state == "paused"
+    assert parser.feed_eof() == []
+    assert parser.upgrade_declined() == []
+    assert parser.state == "head"
+
+
+def test_upgrade_header_without_connection_upgrade_is_not_an_upgrade():
+    (head, _) = RequestParser().feed(b"GET / HTTP/1.1\r\nUpgrade: websocket\r\n\r\n")
+    assert head.upgrade is None
+
+
+# --- responses ------------------------------------------------------------------
+
+
+def response_events(wire, *requests, eof=False, decode=False):
+    parser = ResponseParser(decode_chunked=decode)
+    for method, upgrade in requests:
+        parser.expect(method, upgrade=upgrade)
+    return summarize(feed_all(parser, [wire], eof=eof)), parser
+
+
+@pytest.mark.parametrize(
+    ("method", "status"),
+    [(b"HEAD", 200), (b"GET", 204), (b"GET", 304), (b"HEAD", 404)],
+)
+def test_bodiless_responses_end_at_the_head_whatever_their_length_headers(method, status):
+    wire = b"HTTP/1.1 %d X\r\nContent-Length: 10\r\n\r\n" % status
+    got, parser = response_events(
+        wire + b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nz", (method, False), (b"GET", False)
+    )
+    assert got == [
+        ("rsp", status, Framing.NONE, True),
+        ("end", None),
+        ("rsp", 200, Framing.CONTENT_LENGTH, True),
+        ("body", b"z"),
+        ("end", None),
+    ]
+    assert parser.state == "head"
+
+
+def test_interim_100_continue_precedes_the_final_response():
+    got, _ = response_events(
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        (b"POST", False),
+    )
+    assert got == [
+        ("rsp", 100, Framing.NONE, True),
+        ("end", None),
+        ("rsp", 200, Framing.CONTENT_LENGTH, True),
+        ("body", b"ok"),
+        ("end", None),
+    ]
+
+
+def test_response_without_length_runs_until_close():
+    got, parser = response_events(b"HTTP/1.1 200 OK\r\n\r\nabc", (b"GET", False), eof=True)
+    assert got == [("rsp", 200, Framing.UNTIL_CLOSE, False), ("body", b"abc"), ("end", None)]
+    assert parser.state == "closed"
+
+
+def test_response_with_unknown_transfer_coding_runs_until_close():
+    got, _ = response_events(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nContent-Length: 1\r\n\r\nabc",
+        (b"GET", False),
+    )
+    assert got[0] == ("rsp", 200, Framing.UNTIL_CLOSE, False)
+
+
+def test_chunked_response_with_trailers_decoded():
+    got, _ = response_events(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"4\r\ndata\r\n0\r\ngrpc-status: 0\r\n\r\n",
+        (b"POST", False),
+        decode=True,
+    )
+    assert got == [
+        ("rsp", 200, Framing.CHUNKED, True),
+        ("body", b"data"),
+        ("end", [(b"grpc-status", b"0")]),
+    ]
+
+
+def test_101_to_an_upgrade_request_switches_to_opaque():
+    got, parser = response_events(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n\x81\x00", (b"GET", True)
+    )
+    assert got == [("rsp", 101, Framing.NONE, True), ("end", None), ("upgraded", b"\x81\x00")]
+    assert parser.state == "switched"
+    assert parser.feed(b"more") == []
+
+
+def test_2xx_to_connect_switches_to_opaque():
+    got, _ = response_events(b"HTTP/1.1 200 OK\r\n\r\ntunnel", (b"CONNECT", False))
+    assert got[-1] == ("upgraded", b"tunnel")
+
+
+def test_101_without_upgrade_request_is_a_bad_gateway():
+    got, _ = response_events(b"HTTP/1.1 101 Switching\r\n\r\n", (b"GET", False))
+    assert got == [("error", 502)]
+
+
+def test_unsolicited_response_is_a_bad_gateway():
+    got, _ = response_events(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    assert got == [("error", 502)]
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"HTTP/1.1 20 OK\r\n\r\n",
+        b"HTTP/1.1 abc OK\r\n\r\n",
+        b"HTTP/1.1 099 OK\r\n\r\n",
+        b"HTTP/3.0 200 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+    ],
+)
+def test_malformed_responses_are_bad_gateway(wire):
+    got, _ = response_events(wire, (b"GET", False), eof=True)
+    assert got[-1] == ("error", 502)
+
+
+def test_pipelined_responses_pair_with_their_requests():
+    wire = (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    )
+    got, _ = response_events(wire, (b"GET", False), (b"HEAD", False), (b"GET", False))
+    assert [g[0] for g in got] == ["rsp", "body", "end", "rsp", "end", "rsp", "body", "end"]
+    assert got[-2] == ("body", b"0\r\n\r\n")
+
+
+def test_response_status_line_without_reason_is_accepted():
+    got, _ = response_events(b"HTTP/1.0 200\r\nContent-Length: 0\r\n\r\n", (b"GET", False))
+    assert got == [("rsp", 200, Framing.CONTENT_LENGTH, False), ("end", None)]
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300), st.lists(st.integers(min_value=1, max_value=300), max_size=5))
+def test_request_parser_never_raises_on_arbitrary_bytes(data, cuts):
+    parser = RequestParser()
+    events = feed_all(parser, split_at(data, cuts), eof=True)
+    errors = [e for e in events if isinstance(e, ProtocolError)]
+    assert len(errors) <= 1
+    if errors:
+        assert events[-1] is errors[0]
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300), st.sampled_from([b"GET", b"HEAD", b"CONNECT"]), st.booleans())
+def test_response_parser_never_raises_on_arbitrary_bytes(data, method, upgrade):
+    parser = ResponseParser(decode_chunked=upgrade)
+    parser.expect(method, upgrade=upgrade)
+    events = parser.feed(b"HTTP/1.1 200 OK\r\n" + data) + parser.feed_eof()
+    assert all(not isinstance(e, ProtocolError) or e.status == 502 for e in events)
+
+
+# --- header helpers -----------------------------------------------------------
+
+
+def test_strip_hop_by_hop_removes_standard_proxy_and_connection_named_headers():
+    headers = [
+        (b"Host", b"a"),
+        (b"Connection", b"keep-alive, X-Trace"),
+        (b"Keep-Alive", b"timeout=5"),
+        (b"X-Trace", b"1"),
+        (b"Proxy-Authorization", b"x"),
+        (b"TE", b"trailers"),
+        (b"Trailer", b"x"),
+        (b"Transfer-Encoding", b"chunked"),
+        (b"Upgrade", b"h2c"),
+        (b"Accept", b"*/*"),
+    ]
+    assert strip_hop_by_hop(headers) == [(b"Host", b"a"), (b"Accept", b"*/*")]
+    kept = strip_hop_by_hop(headers, keep=frozenset({b"transfer-encoding", b"proxy-authorization"}))
+    assert (b"Transfer-Encoding", b"chunked") in kept
+    assert (b"Proxy-Authorization", b"x") in kept
+
+
+def test_client_id_from_the_client_is_replaced_by_the_verified_one():
+    headers = [(b"L5d-Client-Id", b"forged"), (b"Host", b"a")]
+    assert set_client_id(headers, "web.ns.serviceaccount.identity.linkerd.cluster.local") == [
+        (b"Host", b"a"),
+        (b"l5d-client-id", b"web.ns.serviceaccount.identity.linkerd.cluster.local"),
+    ]
+    assert set_client_id(headers, None) == [(b"Host", b"a")]
+
+
+def test_dst_override_and_get_header():
+    headers = [(b"L5D-Dst-Override", b"web.shop.svc.cluster.local:80")]
+    assert dst_override(headers) == "web.shop.svc.cluster.local:80"
+    assert dst_override([(b"l5d-dst-override", b"\xff")]) is None
+    assert dst_override([]) is None
+    assert get_header(headers, b"l5d-dst-override") == b"web.shop.svc.cluster.local:80"
+    assert get_header(headers, b"host") is None
+
+
+def test_serialized_heads_parse_back_to_the_same_facts():
+    wire = request_head_bytes(b"POST", b"/p", [(b"Host", b"a"), (b"Content-Length", b"2")]) + b"hi"
+    assert summarize(RequestParser().feed(wire)) == [
+        ("req", b"POST", b"/p", Framing.CONTENT_LENGTH, True),
+        ("body", b"hi"),
+        ("end", None),
+    ]
+    rsp = response_head_bytes(200, [(b"Content-Length", b"0")])
+    assert rsp == b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    assert response_head_bytes(299, [], reason=b"Odd").startswith(b"HTTP/1.1 299 Odd\r\n")
+
+
+@pytest.mark.parametrize("status", [403, 502, 503, 504])
+def test_error_responses_carry_l5d_proxy_error_and_parse(status):
+    wire = error_response(status, "bad\r\nthing", close=True)
+    parser = ResponseParser()
+    parser.expect(b"GET")
+    (head, end) = parser.feed(wire)
+    assert head.status == status
+    assert get_header(head.headers, b"l5d-proxy-error") == b"bad  thing"
+    assert get_header(head.headers, b"l5d-proxy-connection") == b"close"
+    assert head.keep_alive is False
+    assert isinstance(end, MessageEnd)
+
+
+def test_grpc_deny_is_http_200_with_grpc_status_7_and_no_body():
+    headers = grpc_error_headers(7, "unauthorized 100%")
+    assert (b"grpc-status", b"7") in headers
+    assert (b"grpc-message", b"unauthorized 100%25") in headers
+    parser = ResponseParser()
+    parser.expect(b"POST")
+    (head, end) = parser.feed(grpc_error_response(7, "denié"))
+    assert head.status == 200
+    assert get_header(head.headers, b"grpc-message") == b"deni%C3%A9"
+    assert get_header(head.headers, b"content-type") == b"application/grpc"
+    assert isinstance(end, MessageEnd)
+
+
+def test_bytearray_and_memoryview_input_are_accepted():
+    parser = RequestParser()
+    events = parser.feed(bytearray(b"GET / HTTP/1.1\r\n\r\n")) + parser.feed(
+        memoryview(b"GET /2 HTTP/1.1\r\n\r\n")
+    )
+    assert [e.target for e in events if isinstance(e, RequestHead)] == [b"/", b"/2"]
+
+
+def test_oversized_trailers_are_rejected():
+    parser = RequestParser(max_head=50)
+    parser.feed(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n")
+    assert parser.feed(b"X: " + b"a" * 64)[-1] == ProtocolError(400, "trailers too large")
+
+
+def test_error_response_without_close_keeps_the_connection():
+    assert error_response(503, "no endpoints") == (
+        b"HTTP/1.1 503 Service Unavailable\r\n"
+        b"l5d-proxy-error: no endpoints\r\ncontent-length: 0\r\n\r\n"
+    )
+
+
+def test_input_of_only_blank_lines_waits_quietly_and_closes_cleanly():
+    parser = RequestParser()
+    assert parser.feed(b"\r\n\r\n") == []
+    assert parser.state == "head"
+    assert parser.feed_eof() == []
