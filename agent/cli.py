@@ -94,7 +94,59 @@ def _verbs(
 
 
 # === controlplane ============================================================
-# (filled by the control plane work)
+
+
+def _noun_controlplane(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agent import config  # noqa: PLC0415 - lazy, see module docstring
+
+    help_ = "serve Destination, Identity and inbound policy from a manifests folder"
+    noun = sub.add_parser("controlplane", help=help_, description=help_)
+    config.add_options(noun, config.CONTROLPLANE_OPTIONS)
+    noun.set_defaults(handler=_controlplane_serve)
+    verbs = noun.add_subparsers(dest="verb", metavar="VERB", required=False)
+    token = verbs.add_parser(
+        "token", help="print a service-account token the control plane's Identity accepts"
+    )
+    token.add_argument("--namespace", required=True, help="service account namespace")
+    token.add_argument("--serviceaccount", required=True, help="service account name")
+    config.add_options(token, config.CONTROLPLANE_TOKEN_OPTIONS)
+    token.set_defaults(handler=_controlplane_token)
+
+
+def _controlplane_serve(args: argparse.Namespace) -> int:
+    from agent import aio, config  # noqa: PLC0415 - lazy, see module docstring
+    from agent.controlplane.app import ControlPlane  # noqa: PLC0415
+
+    values = config.resolve(args, os.environ, config.CONTROLPLANE_OPTIONS)
+    settings = config.ControlPlaneSettings.from_values(values)
+    aio.run(ControlPlane(settings).serve())
+    return 0
+
+
+def _controlplane_token(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    from agent import config  # noqa: PLC0415 - lazy, see module docstring
+    from agent.controlplane import tokens  # noqa: PLC0415
+    from agent.errors import SettingError  # noqa: PLC0415
+    from agent.identity.names import check_label  # noqa: PLC0415
+
+    values = config.resolve(args, os.environ, config.CONTROLPLANE_TOKEN_OPTIONS)
+    for flag, value in (("--namespace", args.namespace), ("--serviceaccount", args.serviceaccount)):
+        try:
+            check_label(flag.lstrip("-"), value)
+        except ValueError as exc:
+            raise SettingError(flag, value, str(exc)) from None
+    token = tokens.mint(
+        values["identity_dir"],
+        args.namespace,
+        args.serviceaccount,
+        now=datetime.now(UTC),
+        lifetime=timedelta(seconds=values["lifetime"]),
+    )
+    print(token)
+    return 0
+
 
 # === certs ====================================================================
 
@@ -329,6 +381,7 @@ def _check(args: argparse.Namespace) -> int:
 # === NOUNS (keep last) ========================================================
 
 NOUNS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    _noun_controlplane,
     _noun_redirects,
     _noun_check,
     _noun_certs,

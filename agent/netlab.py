@@ -1,0 +1,599 @@
+"""Pod lab: pods on this machine for tests and the sandbox.
+
+A pod is a network namespace with an `eth0` on a node bridge (default route via
+the bridge's gateway IP, `lo` up) and, for eBPF, a cgroup v2 directory. A node
+is a bridge, either in the host netns (reachable from the host) or inside its
+own "node" netns (isolated; nodes are joined with `Lab.link`, which routes each
+node's pod subnet to the other, so pods on two nodes reach each other).
+
+Rules:
+1. A `Lab` owns everything it creates and records each thing in a JSON state
+   file under /run/meshagent/lab/ *before* creating it; `close()` (and, after a
+   crash, `Lab.cleanup_recorded(prefix)`) removes it all in reverse order:
+   processes first (by PID, checked against their start time), then cgroups,
+   links and namespaces, carrying on past individual failures.
+2. Names fit 15-character interface names: the prefix is at most 8 characters
+   and interfaces are `<prefix><kind><n>`; namespaces are `<prefix>-<name>`
+   (so `ip netns exec <prefix>-<name>` works) and cgroups are
+   `<cgroup2 mount>/meshagent/<prefix>-<name>`.
+3. Processes start inside the pod's netns (`nsenter --net=`) and are moved
+   into its cgroup by the child itself before it execs anything.
+4. All netlink work runs through `agent.redirect.netns.run_in`, never on an
+   event loop thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+from agent.errors import AgentError
+from agent.redirect import netns
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+STATE_DIR = Path("/run/meshagent/lab")
+CGROUP_PARENT = "meshagent"
+LAB_POOL = ipaddress.IPv4Network("10.200.0.0/16")  # where free /24 node subnets come from
+LINK_POOL = ipaddress.IPv4Network("100.64.0.0/16")  # /30 transfer nets between nodes
+_PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
+_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
+
+
+class LabError(AgentError):
+    """The lab could not create or remove something."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what = what
+        self.reason = reason
+        super().__init__(f"lab: {what}: {reason}")
+
+
+def cgroup2_root(mounts: str | None = None) -> Path | None:
+    """Where the unified (v2) cgroup hierarchy is mounted, from /proc/mounts."""
+    if mounts is None:
+        mounts = Path("/proc/mounts").read_text()
+    for line in mounts.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[2] == "cgroup2":
+            return Path(parts[1])
+    return None
+
+
+def _host_ns() -> str:
+    return f"/proc/{os.getpid()}/ns/net"
+
+
+def _start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: start time in clock ticks (identifies a PID)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _ipr_do(path: str, fn: Callable[[Any], T]) -> T:
+    """Run `fn(IPRoute)` inside the namespace at `path`."""
+
+    def inside() -> T:
+        from pyroute2 import IPRoute  # noqa: PLC0415 - heavy import, lab only
+
+        with IPRoute() as ipr:
+            return fn(ipr)
+
+    return netns.run_in(path, inside)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LabNode:
+    """A node: a bridge with the pods' gateway IP, in the host or its own netns."""
+
+    name: str
+    subnet: ipaddress.IPv4Network
+    bridge: str
+    gateway: str
+    netns_name: str | None = None  # None: the bridge lives in the host netns
+
+    @property
+    def netns(self) -> str:
+        """nsfs path of the netns holding the bridge."""
+        return str(netns.named_path(self.netns_name)) if self.netns_name else _host_ns()
+
+
+class LabPod:
+    """A pod: netns + veth on its node's bridge + cgroup."""
+
+    __slots__ = ("_lab", "cgroup", "ip", "name", "netns_name", "node", "veth")
+
+    def __init__(  # noqa: PLR0913 - plain record
+        self,
+        lab: Lab,
+        *,
+        name: str,
+        node: LabNode,
+        ip: str,
+        netns_name: str,
+        veth: str,
+        cgroup: Path | None,
+    ) -> None:
+        self._lab = lab
+        self.name = name
+        self.node = node
+        self.ip = ip
+        self.netns_name = netns_name
+        self.veth = veth
+        self.cgroup = cgroup
+
+    def __repr__(self) -> str:
+        return f"LabPod({self.name!r}, ip={self.ip}, netns={self.netns_name})"
+
+    @property
+    def netns(self) -> Path:
+        """nsfs path: /run/netns/<prefix>-<name>."""
+        return netns.named_path(self.netns_name)
+
+    @property
+    def gateway(self) -> str:
+        return self.node.gateway
+
+    def socket(
+        self, family: int = socket.AF_INET, type_: int = socket.SOCK_STREAM
+    ) -> socket.socket:
+        """A socket inside this pod's netns."""
+        return netns.socket_in(self.netns, family, type_)
+
+    def spawn(self, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
+        """Start `argv` inside the pod (netns and cgroup); the lab kills it on close."""
+        cgroup = self.cgroup
+
+        def enter_cgroup() -> None:  # runs in the child, before exec
+            if cgroup is not None:
+                with (cgroup / "cgroup.procs").open("w") as f:
+                    f.write(str(os.getpid()))
+
+        proc = subprocess.Popen(
+            [*netns.exec_argv(self.netns), *argv],
+            preexec_fn=enter_cgroup,  # noqa: PLW1509 - how the child joins the cgroup
+            start_new_session=True,
+            **popen,
+        )
+        self._lab.track(proc)
+        return proc
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        check: bool = True,
+        timeout: float = 30,
+        input_: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `argv` in the pod to completion; output as text.
+
+        Raises:
+            LabError: `check` and it exited non-zero, or it timed out.
+        """
+        proc = self.spawn(
+            argv,
+            stdin=subprocess.PIPE if input_ is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            out, err = proc.communicate(input_, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise LabError(
+                f"pod {self.name}: {' '.join(argv)}", f"timed out after {timeout}s"
+            ) from None
+        finally:
+            self._lab.untrack(proc)
+        if check and proc.returncode != 0:
+            raise LabError(f"pod {self.name}: {' '.join(argv)}", f"exit {proc.returncode}: {err}")
+        return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+
+
+class Lab:
+    """Creates nodes and pods and removes all of them, even after failures."""
+
+    def __init__(self, prefix: str, *, state_dir: Path = STATE_DIR) -> None:
+        if not _PREFIX_RE.match(prefix):
+            raise LabError(f"prefix {prefix!r}", "must match [a-z][a-z0-9]{0,7}")
+        self.prefix = prefix
+        self.state_file = state_dir / f"{prefix}.json"
+        self.nodes: dict[str, LabNode] = {}
+        self.pods: dict[str, LabPod] = {}
+        self._records: list[dict[str, Any]] = []
+        self._procs: dict[int, subprocess.Popen[Any]] = {}
+        self._seq = 0
+        self._links = 0
+        self._closed = False
+        if self.state_file.exists():
+            raise LabError(str(self.state_file), "a lab with this prefix exists; clean it first")
+        self._save()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- records -----------------------------------------------------------
+
+    def _save(self) -> None:
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        owner = {"pid": os.getpid(), "start": _start_time(os.getpid())}
+        tmp.write_text(
+            json.dumps({"prefix": self.prefix, "owner": owner, "records": self._records})
+        )
+        tmp.replace(self.state_file)
+
+    def _record(self, **rec: Any) -> None:
+        self._records.append(rec)
+        self._save()
+
+    def track(self, proc: subprocess.Popen[Any]) -> None:
+        self._procs[proc.pid] = proc
+        self._record(kind="proc", pid=proc.pid, start=_start_time(proc.pid))
+
+    def untrack(self, proc: subprocess.Popen[Any]) -> None:
+        self._procs.pop(proc.pid, None)
+        self._records = [
+            r for r in self._records if not (r["kind"] == "proc" and r["pid"] == proc.pid)
+        ]
+        self._save()
+
+    def _next(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    # --- nodes and pods ----------------------------------------------------
+
+    def free_subnet(self) -> ipaddress.IPv4Network:
+        """A /24 from 10.200.0.0/16 that no host route or node of this lab uses."""
+        used: set[ipaddress.IPv4Network | ipaddress.IPv6Network] = {
+            n.subnet for n in self.nodes.values()
+        }
+        routes = subprocess.run(
+            ["ip", "-4", "route", "show"], capture_output=True, text=True, check=False
+        ).stdout
+        for word in routes.split():
+            with contextlib.suppress(ValueError):
+                used.add(ipaddress.ip_network(word, strict=False))
+        start = (os.getpid() * 7 + len(self.nodes) * 13) % 256
+        for k in range(256):
+            candidate = ipaddress.IPv4Network(f"10.200.{(start + k) % 256}.0/24")
+            if not any(candidate.overlaps(u) for u in used if u.prefixlen > 0):
+                return candidate
+        raise LabError("free_subnet", "no free /24 left in 10.200.0.0/16")
+
+    def node(self, name: str, subnet: str | None = None, *, isolated: bool = False) -> LabNode:
+        """A bridge with gateway = first host of `subnet` (default: a free /24).
+
+        `isolated` puts the bridge inside its own node netns (join nodes with
+        `link`); otherwise it lives in the host netns and the host reaches pods.
+
+        Raises:
+            LabError: bad name/subnet, or netlink refused.
+        """
+        self._check_name(name, self.nodes)
+        net = ipaddress.ip_network(subnet) if subnet else self.free_subnet()
+        if not isinstance(net, ipaddress.IPv4Network) or net.prefixlen > 29:
+            raise LabError(f"node {name}", f"subnet {net} must be IPv4 with room for pods")
+        ns_name = f"{self.prefix}-n-{name}" if isolated else None
+        node = LabNode(
+            name=name,
+            subnet=net,
+            bridge=f"{self.prefix}b{self._next()}",
+            gateway=str(net.network_address + 1),
+            netns_name=ns_name,
+        )
+        if ns_name:
+            self._make_netns(ns_name)
+            self._set_up_lo(node.netns)
+            self._sysctl(node.netns, "net/ipv4/ip_forward", "1")
+        self._record(kind="link", name=node.bridge, netns=ns_name)
+
+        def make_bridge(ipr: Any) -> None:
+            ipr.link("add", ifname=node.bridge, kind="bridge")
+            idx = ipr.link_lookup(ifname=node.bridge)[0]
+            ipr.addr("add", index=idx, address=node.gateway, prefixlen=net.prefixlen)
+            ipr.link("set", index=idx, state="up")
+
+        self._netlink(f"node {name}", node.netns, make_bridge)
+        self.nodes[name] = node
+        return node
+
+    def pod(self, node: LabNode, name: str, ip: str | None = None) -> LabPod:
+        """A pod on `node` with `ip` (default: the next free address of the subnet).
+
+        Raises:
+            LabError: bad name/IP, or netlink refused.
+        """
+        self._check_name(name, self.pods)
+        addr = ipaddress.ip_address(ip) if ip else self._next_ip(node)
+        if addr not in node.subnet or str(addr) == node.gateway:
+            raise LabError(f"pod {name}", f"ip {addr} is not a free host of {node.subnet}")
+        ns_name = f"{self.prefix}-{name}"
+        veth = f"{self.prefix}v{self._next()}"
+        self._make_netns(ns_name)
+        self._record(kind="link", name=veth, netns=node.netns_name)
+
+        def make_veth(ipr: Any) -> None:
+            ipr.link("add", ifname=veth, kind="veth", peer={"ifname": "eth0", "net_ns_fd": ns_name})
+            idx = ipr.link_lookup(ifname=veth)[0]
+            br = ipr.link_lookup(ifname=node.bridge)[0]
+            ipr.link("set", index=idx, master=br, state="up")
+
+        def inside(ipr: Any) -> None:
+            eth = ipr.link_lookup(ifname="eth0")[0]
+            ipr.addr("add", index=eth, address=str(addr), prefixlen=node.subnet.prefixlen)
+            ipr.link("set", index=eth, state="up")
+            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+            ipr.route("add", dst="0.0.0.0/0", gateway=node.gateway)
+
+        self._netlink(f"pod {name}", node.netns, make_veth)
+        self._netlink(f"pod {name}", str(netns.named_path(ns_name)), inside)
+        cgroup = self._make_cgroup(ns_name)
+        pod = LabPod(
+            self, name=name, node=node, ip=str(addr), netns_name=ns_name, veth=veth, cgroup=cgroup
+        )
+        self.pods[name] = pod
+        return pod
+
+    def link(self, a: LabNode, b: LabNode) -> None:
+        """Join two isolated nodes by a veth pair and route their pod subnets.
+
+        Raises:
+            LabError: a node is not isolated, or netlink refused.
+        """
+        if not (a.netns_name and b.netns_name):
+            raise LabError(f"link {a.name}-{b.name}", "only isolated nodes can be linked")
+        self._links += 1
+        k = self._links
+        transfer = list(LINK_POOL.subnets(new_prefix=30))[k]
+        ip_a, ip_b = str(transfer.network_address + 1), str(transfer.network_address + 2)
+        end_a, end_b = f"{self.prefix}l{k}a", f"{self.prefix}l{k}b"
+        self._record(kind="link", name=end_a, netns=a.netns_name)
+        b_ns = b.netns_name
+
+        def make_pair(ipr: Any) -> None:
+            ipr.link("add", ifname=end_a, kind="veth", peer={"ifname": end_b, "net_ns_fd": b_ns})
+
+        def configure(end: str, mine: str, peer_ip: str, other: LabNode) -> Callable[[Any], None]:
+            def fn(ipr: Any) -> None:
+                idx = ipr.link_lookup(ifname=end)[0]
+                ipr.addr("add", index=idx, address=mine, prefixlen=30)
+                ipr.link("set", index=idx, state="up")
+                ipr.route("add", dst=str(other.subnet), gateway=peer_ip)
+
+            return fn
+
+        self._netlink(f"link {a.name}-{b.name}", a.netns, make_pair)
+        self._netlink(f"link {a.name}", a.netns, configure(end_a, ip_a, ip_b, b))
+        self._netlink(f"link {b.name}", b.netns, configure(end_b, ip_b, ip_a, a))
+
+    # --- helpers -----------------------------------------------------------
+
+    def _check_name(self, name: str, taken: dict[str, Any]) -> None:
+        if not _NAME_RE.match(name):
+            raise LabError(f"name {name!r}", "use lowercase letters, digits and '-'")
+        if name in taken:
+            raise LabError(f"name {name!r}", "already used in this lab")
+
+    def _next_ip(self, node: LabNode) -> ipaddress.IPv4Address:
+        used = {p.ip for p in self.pods.values() if p.node == node} | {node.gateway}
+        for host in node.subnet.hosts():
+            if str(host) not in used:
+                return host
+        raise LabError(f"node {node.name}", f"subnet {node.subnet} is full")
+
+    def _netlink(self, what: str, path: str, fn: Callable[[Any], None]) -> None:
+        try:
+            _ipr_do(path, fn)
+        except Exception as exc:  # pyroute2 raises NetlinkError, OSError, IndexError...
+            raise LabError(what, f"netlink: {exc}") from exc
+
+    def _make_netns(self, name: str) -> None:
+        from pyroute2 import netns as pnetns  # noqa: PLC0415
+
+        if netns.named_path(name).exists():
+            raise LabError(f"netns {name}", "already exists")
+        self._record(kind="netns", name=name)
+        try:
+            pnetns.create(name)
+        except OSError as exc:
+            raise LabError(f"netns {name}", str(exc)) from exc
+
+    def _set_up_lo(self, path: str) -> None:
+        def up(ipr: Any) -> None:
+            ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+
+        self._netlink("lo", path, up)
+
+    def _sysctl(self, path: str, key: str, value: str) -> None:
+        # /proc/sys/net follows the netns of the thread that opens it.
+        netns.run_in(path, lambda: Path("/proc/sys", key).write_text(value))
+
+    def _make_cgroup(self, name: str) -> Path | None:
+        root = cgroup2_root()
+        if root is None:
+            return None
+        path = root / CGROUP_PARENT / name
+        (root / CGROUP_PARENT).mkdir(exist_ok=True)
+        self._record(kind="cgroup", path=str(path))
+        path.mkdir()
+        return path
+
+    # --- teardown ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Kill the lab's processes and remove everything it created. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for proc in self._procs.values():
+            _kill_popen(proc)
+        errors = _teardown(self._records)
+        self._records = []
+        self._procs.clear()
+        with contextlib.suppress(FileNotFoundError):
+            self.state_file.unlink()
+        for err in errors:
+            logger.warning("lab cleanup: %s", err, extra={"lab": self.prefix})
+
+    @classmethod
+    def cleanup_recorded(cls, prefix: str, *, state_dir: Path = STATE_DIR) -> list[str]:
+        """Remove what a lab (e.g. a crashed run) recorded; returns the errors."""
+        path = state_dir / f"{prefix}.json"
+        try:
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            return [f"{path}: {exc}"]
+        errors = _teardown(state.get("records", []))
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return errors
+
+    @classmethod
+    def cleanup_stale(cls, *, state_dir: Path = STATE_DIR) -> list[str]:
+        """Clean every recorded lab whose owning process is gone."""
+        errors: list[str] = []
+        for path in sorted(state_dir.glob("*.json")):
+            try:
+                owner = json.loads(path.read_text()).get("owner", {})
+            except (OSError, ValueError):
+                owner = {}
+            pid = owner.get("pid")
+            if pid and _start_time(pid) == owner.get("start"):
+                continue  # still running
+            errors += cls.cleanup_recorded(path.stem, state_dir=state_dir)
+        return errors
+
+
+def _kill_popen(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+
+
+def _kill_recorded(pid: int, start: int | None) -> None:
+    if start is None or _start_time(pid) != start:
+        return  # gone, or the PID now belongs to someone else
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    # Wait until it is dead (gone or a zombie); whoever is its parent reaps it.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _teardown(records: list[dict[str, Any]]) -> list[str]:
+    """Undo `records`: processes first, then the rest newest first."""
+    errors: list[str] = []
+    procs = [r for r in records if r["kind"] == "proc"]
+    rest = [r for r in records if r["kind"] != "proc"]
+    for rec in reversed(procs):
+        _kill_recorded(rec["pid"], rec.get("start"))
+    for rec in reversed(rest):
+        try:
+            _UNDO[rec["kind"]](rec)
+        except Exception as exc:  # noqa: BLE001 - carry on; report every failure
+            errors.append(f"{rec}: {exc}")
+    return errors
+
+
+def _undo_cgroup(rec: dict[str, Any]) -> None:
+    path = Path(rec["path"])
+    if not path.exists():
+        return
+    # Processes the lab's processes started are in here too: they are ours.
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            path.rmdir()
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+        else:
+            return
+
+
+def _undo_link(rec: dict[str, Any]) -> None:
+    ns_name = rec.get("netns")
+    if ns_name and not netns.named_path(ns_name).exists():
+        return  # went with its namespace
+    path = str(netns.named_path(ns_name)) if ns_name else _host_ns()
+
+    def delete(ipr: Any) -> None:
+        found = ipr.link_lookup(ifname=rec["name"])
+        if found:
+            ipr.link("del", index=found[0])
+
+    _ipr_do(path, delete)
+
+
+def _undo_netns(rec: dict[str, Any]) -> None:
+    from pyroute2 import netns as pnetns  # noqa: PLC0415
+
+    if netns.named_path(rec["name"]).exists():
+        pnetns.remove(rec["name"])
+
+
+_UNDO: dict[str, Callable[[dict[str, Any]], None]] = {
+    "cgroup": _undo_cgroup,
+    "link": _undo_link,
+    "netns": _undo_netns,
+}
+
+
+@contextlib.contextmanager
+def lab(prefix: str) -> Iterator[Lab]:
+    """`with lab("t1") as lb:` -- a Lab closed on exit, whatever happened."""
+    lb = Lab(prefix)
+    try:
+        yield lb
+    finally:
+        lb.close()

@@ -1,0 +1,203 @@
+/* meshagent eBPF capture: structs, constants and maps shared by every program.
+ *
+ * Mirrored by agent/redirect/maps.py (ctypes); tests/unit/redirect/test_maps.py
+ * checks that each mirror has the size bcc gives the map's key and leaf.
+ * Change a struct here and there together, and bump MA_ABI.
+ *
+ * Maps are shared by all pods on the node and pinned under MA_PIN_MAPS (a
+ * -D flag from agent/redirect/ebpf.py): a restarted agent re-opens them, so the
+ * programs still attached keep working. Each pod is a key, never a copy.
+ * Byte order: addresses are network order as the kernel hands them over;
+ * ports in keys and configs are host order unless named *_be.
+ */
+#ifndef MESHAGENT_H
+#define MESHAGENT_H
+
+#include <uapi/linux/bpf.h>
+#include <linux/in.h>
+
+#define MA_ABI 1
+#define MA_MAX_PORT_RANGES 16
+#define MA_MAX_SUBNETS 16
+#define MA_MAX_PODS 4096
+#define MA_MAX_CONNS 65536
+#define MA_SO_ORIGINAL_DST 80 /* <linux/netfilter_ipv4.h>, level SOL_IP */
+#define MA_SOL_IP 0
+#define MA_SOCK_STREAM 1
+#define MA_AF_INET 2
+#define MA_AF_INET6 10
+
+/* pod_config.flags */
+#define MA_F_OUTBOUND 1 /* connect4/6 rewrite outbound TCP */
+#define MA_F_INBOUND 2  /* sk_lookup steers inbound TCP */
+#define MA_F_ACCEL 4    /* sockops records loopback pairs for sk_msg */
+
+#ifndef MA_PIN_MAPS
+#error "MA_PIN_MAPS must name the bpffs directory for the shared maps"
+#endif
+
+struct ma_port_range {
+    __u16 first;
+    __u16 last;
+};
+
+struct ma_subnet4 {
+    __u32 addr; /* network order, host bits zero */
+    __u32 mask; /* network order */
+};
+
+/* One pod's capture settings, filled by the agent from its CaptureSpec. */
+struct ma_pod_config {
+    __u32 pod_ip;        /* network order */
+    __u32 mark;          /* sockets carrying it are the proxy's: never captured */
+    __u16 outbound_port; /* listener in the pod netns, on 127.0.0.1 */
+    __u16 inbound_port;  /* informational: sk_lookup uses the listener map */
+    __u16 flags;         /* MA_F_* */
+    __u16 n_skip_out;
+    __u16 n_skip_in;
+    __u16 n_subnets;
+    __u32 accel_max_msg; /* sk_msg redirects messages up to this size; 0: none */
+    struct ma_port_range skip_out[MA_MAX_PORT_RANGES];
+    struct ma_port_range skip_in[MA_MAX_PORT_RANGES]; /* proxy ports included */
+    struct ma_subnet4 subnets[MA_MAX_SUBNETS];
+};
+
+/* Where a redirected connection was going. */
+struct ma_orig_dst {
+    __u32 ip;      /* network order */
+    __u16 port_be; /* network order, as sockaddr_in wants it */
+    __u16 family;  /* AF_INET or AF_INET6 (a v4-mapped destination) */
+};
+
+/* A client socket of a redirected connection, as the proxy sees its peer. */
+struct ma_conn_key {
+    __u64 netns; /* netns cookie */
+    __u32 ip;    /* client address, network order */
+    __u32 port;  /* client port, host order (u32 keeps the key free of padding) */
+};
+
+/* One end of a loopback TCP connection, for sk_msg redirects. */
+struct ma_sock_key {
+    __u64 netns;
+    __u32 local_ip;
+    __u32 remote_ip;
+    __u32 local_port;  /* host order */
+    __u32 remote_port; /* host order */
+};
+
+/* --- maps: each .c file declares the ones it uses -------------------------- */
+
+/* bcc's generic table has no sockhash methods, so sockhashes get their own
+ * declaration with the methods bcc's frontend rewrites into helper calls.
+ * The leaf is a u64 so that a userspace lookup returns the socket cookie. */
+#define MA_PINNED_SOCKHASH(_name, _key_type, _max_entries, _pinned)           \
+    struct _name##_table_t {                                                  \
+        _key_type key;                                                        \
+        __u64 leaf;                                                           \
+        __u64 *(*lookup)(_key_type *);                                        \
+        int (*delete)(_key_type *);                                           \
+        int (*sock_hash_update)(void *, void *, u64);                         \
+        int (*msg_redirect_hash)(void *, void *, u64);                        \
+        u32 max_entries;                                                      \
+        int flags;                                                            \
+    };                                                                        \
+    __attribute__((section("maps/sockhash:" _pinned))) struct _name##_table_t \
+        _name = {.max_entries = (_max_entries)};                              \
+    BPF_ANNOTATE_KV_PAIR(_name, _key_type, __u64)
+
+/* netns cookie -> pod config. Written by the agent (enroll/unenroll);
+ * read by connect4, connect6, sockops, sk_msg. */
+#define MA_MAP_CFG_BY_NETNS \
+    BPF_TABLE_PINNED("hash", __u64, struct ma_pod_config, ma_cfg_netns, MA_MAX_PODS, \
+                     MA_PIN_MAPS "/ma_cfg_netns")
+
+/* pod IPv4 (network order) -> pod config. Written by the agent; read by
+ * sk_lookup (which has no netns cookie helper, so it keys by local address). */
+#define MA_MAP_CFG_BY_IP \
+    BPF_TABLE_PINNED("hash", __u32, struct ma_pod_config, ma_cfg_ip, MA_MAX_PODS, \
+                     MA_PIN_MAPS "/ma_cfg_ip")
+
+/* socket cookie -> original destination. Written by connect4/connect6 when
+ * they rewrite; read and deleted by sockops at TCP_CONNECT_CB, once the
+ * client port is known. LRU: a connect that fails early leaves nothing behind. */
+#define MA_MAP_PENDING \
+    BPF_TABLE_PINNED("lru_hash", __u64, struct ma_orig_dst, ma_pending, MA_MAX_CONNS, \
+                     MA_PIN_MAPS "/ma_pending")
+
+/* (netns, client ip, client port) -> original destination. Written by sockops;
+ * read by the getsockopt program (SO_ORIGINAL_DST) and by the agent
+ * (agent/redirect/ebpf_origdst.py, inspect). LRU; a port reuse overwrites. */
+#define MA_MAP_ORIG_DST \
+    BPF_TABLE_PINNED("lru_hash", struct ma_conn_key, struct ma_orig_dst, ma_orig_dst, \
+                     MA_MAX_CONNS, MA_PIN_MAPS "/ma_orig_dst")
+
+/* pod IPv4 -> the pod's inbound listener socket. Written by the agent
+ * (EbpfRedirector.set_inbound_listener); read by sk_lookup. An entry goes away
+ * when its socket closes. */
+#define MA_MAP_LISTENERS \
+    MA_PINNED_SOCKHASH(ma_listeners, __u32, MA_MAX_PODS, MA_PIN_MAPS "/ma_listeners")
+
+/* loopback socket ends -> socket. Written by sockops (opt-in acceleration);
+ * read by sk_msg, which is attached to this map. */
+#define MA_MAP_ACCEL_SOCKS \
+    MA_PINNED_SOCKHASH(ma_accel_socks, struct ma_sock_key, MA_MAX_CONNS, \
+                       MA_PIN_MAPS "/ma_accel_socks")
+
+/* socket end -> MA_ACCEL_*. sockops marks recorded active ends, so that
+ * their passive peers join (sockops cannot release a socket looked up in
+ * ma_accel_socks); sk_msg marks ends that sent one message too big to
+ * redirect: from then on all their data takes the TCP path. LRU. */
+#define MA_ACCEL_ACTIVE 1
+#define MA_ACCEL_OFF 2
+#define MA_MAP_ACCEL_STATE \
+    BPF_TABLE_PINNED("lru_hash", struct ma_sock_key, __u32, ma_accel_state, MA_MAX_CONNS, \
+                     MA_PIN_MAPS "/ma_accel_state")
+
+/* --- helpers ----------------------------------------------------------------- */
+
+static __always_inline int ma_is_loopback(__u32 ip_be)
+{
+    return (bpf_ntohl(ip_be) >> 24) == 127;
+}
+
+static __always_inline int ma_port_in(const struct ma_port_range *r, __u16 n, __u16 port)
+{
+    for (int i = 0; i < MA_MAX_PORT_RANGES; i++) {
+        if (i >= n)
+            break;
+        if (port >= r[i].first && port <= r[i].last)
+            return 1;
+    }
+    return 0;
+}
+
+static __always_inline int ma_subnet_in(const struct ma_pod_config *cfg, __u32 ip_be)
+{
+    for (int i = 0; i < MA_MAX_SUBNETS; i++) {
+        if (i >= cfg->n_subnets)
+            break;
+        if ((ip_be & cfg->subnets[i].mask) == cfg->subnets[i].addr)
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether a TCP connect from a pod to ip:port goes to the outbound listener
+ * (the iptables plan's PROXY_INIT_OUTPUT, in BPF). */
+static __always_inline int ma_should_redirect(const struct ma_pod_config *cfg, __u32 ip_be,
+                                              __u16 port, __u32 sock_mark)
+{
+    if (!(cfg->flags & MA_F_OUTBOUND))
+        return 0;
+    if (sock_mark == cfg->mark)
+        return 0; /* the proxy's own socket */
+    if (ip_be == 0 || ma_is_loopback(ip_be) || ip_be == cfg->pod_ip)
+        return 0; /* what `-o lo` skips in iptables mode */
+    if (ma_port_in(cfg->skip_out, cfg->n_skip_out, port))
+        return 0;
+    if (ma_subnet_in(cfg, ip_be))
+        return 0;
+    return 1;
+}
+
+#endif /* MESHAGENT_H */

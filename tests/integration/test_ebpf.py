@@ -1,0 +1,385 @@
+"""eBPF capture in real namespaces and cgroups (agent.netlab pods).
+
+One redirector per module (each program file compiles once, ~1 s each on
+this machine); the reload test compiles a second set on purpose. Pod `app` is
+meshed; `srv` and `ext` are plain peers (`ext` is in app's skip-subnets).
+Listeners that stand in for the proxy are opened by this process inside app's
+netns, as the agent does. The last test unenrolls and uninstalls, and checks
+that no program, map, link or pin is left.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.netlab import lab
+from agent.redirect import ebpf_origdst, maps, netns
+from agent.redirect.ebpf import EbpfRedirector
+from agent.redirect.model import PROXY_MARK, CaptureSpec, PortRange, PortSet
+from agent.redirect.orig_dst import original_dst
+
+pytestmark = [pytest.mark.privileged, pytest.mark.timeout(180)]
+
+SKIP_OUT = 9000
+SKIP_IN = 7000
+TIMEOUT = 5.0
+
+CLIENT = textwrap.dedent(
+    """
+    import socket, sys
+    host, port, mark, payload = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    if mark:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+    s.settimeout(5)
+    s.connect((host, port))
+    s.sendall(payload.encode())
+    s.shutdown(socket.SHUT_WR)
+    print(s.recv(100).decode())
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def pods():
+    with lab("ebpf") as lb:
+        node = lb.node("n1")
+        app, srv, ext = lb.pod(node, "app"), lb.pod(node, "srv"), lb.pod(node, "ext")
+        yield lb, app, srv, ext
+
+
+@pytest.fixture(scope="module")
+def spec(pods):
+    _, app, _, ext = pods
+    return CaptureSpec(
+        pod="test/app",
+        netns=app.netns,
+        pod_ip=app.ip,
+        cgroup=app.cgroup,
+        skip_outbound_ports=PortSet((PortRange(SKIP_OUT, SKIP_OUT),)),
+        skip_inbound_ports=PortSet((PortRange(SKIP_IN, SKIP_IN),)),
+        skip_subnets=(ipaddress.ip_network(f"{ext.ip}/32"),),
+    )
+
+
+@pytest.fixture(scope="module")
+def pin_root():
+    root = Path(f"/sys/fs/bpf/meshagent-test-{os.getpid()}")
+    yield root
+    EbpfRedirector(pin_root=root, accelerate=False).uninstall()  # no-op when the test did it
+
+
+@pytest.fixture(scope="module")
+def redirector(pin_root, spec):
+    holder = {"r": EbpfRedirector(pin_root=pin_root, accelerate=False)}
+    holder["r"].enroll(spec)
+    yield holder
+    holder["r"].close()
+
+
+def _listen(pod, addr: str, port: int) -> socket.socket:
+    s = pod.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port))
+    s.listen(16)
+    s.settimeout(TIMEOUT)
+    return s
+
+
+def _client(pod, host: str, port: int, *, mark: int = 0, payload: str = "ping"):
+    return pod.spawn(
+        [sys.executable, "-c", CLIENT, host, str(port), str(mark), payload],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _serve_one(listener: socket.socket, reply: bytes = b"pong") -> tuple[socket.socket, bytes]:
+    conn, _ = listener.accept()
+    conn.settimeout(TIMEOUT)
+    data = b""
+    while chunk := conn.recv(100):
+        data += chunk
+    conn.sendall(reply)
+    return conn, data
+
+
+def _finish(proc) -> str:
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err
+    return out.strip()
+
+
+@pytest.mark.parametrize("family", ["ipv4", "ipv6 socket, v4-mapped destination"])
+def test_outbound_connect_arrives_at_outbound_listener_with_exact_original_destination(
+    pods, spec, redirector, pin_root, family
+):
+    _, app, srv, _ = pods
+    host = srv.ip if family == "ipv4" else f"::ffff:{srv.ip}"
+    with _listen(app, "127.0.0.1", spec.outbound_port) as outbound:
+        proc = _client(app, host, 8080)
+        conn, data = _serve_one(outbound)
+        with conn:
+            assert data == b"ping"
+            assert original_dst(conn) == (srv.ip, 8080)  # the getsockopt program answers
+            assert ebpf_origdst.lookup(conn, maps_dir=pin_root / "maps") == (srv.ip, 8080)
+        assert _finish(proc) == "pong"
+    state = redirector["r"].inspect(spec)
+    assert state.outbound == "captured"
+    assert any(o.endswith(f"-> {srv.ip}:8080") for o in state.extra["orig_dst"])
+
+
+@pytest.mark.parametrize("target", ["skipped port", "skipped subnet", "proxy mark"])
+def test_outbound_bypasses_capture(pods, spec, redirector, target):
+    _, app, srv, ext = pods
+    peer, port, mark = {
+        "skipped port": (srv, SKIP_OUT, 0),
+        "skipped subnet": (ext, 8080, 0),
+        "proxy mark": (srv, 8080, PROXY_MARK),
+    }[target]
+    with (
+        _listen(app, "127.0.0.1", spec.outbound_port) as outbound,
+        _listen(peer, "0.0.0.0", port) as real,
+    ):
+        proc = _client(app, peer.ip, port, mark=mark)
+        conn, data = _serve_one(real, b"direct")
+        conn.close()
+        assert data == b"ping"
+        assert _finish(proc) == "direct"
+        outbound.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            outbound.accept()
+
+
+def test_inbound_from_another_netns_arrives_at_inbound_listener(pods, spec, redirector):
+    _, app, srv, _ = pods
+    with _listen(app, "0.0.0.0", spec.inbound_port) as inbound:
+        redirector["r"].set_inbound_listener(spec, inbound)
+        assert redirector["r"].inspect(spec).inbound == "captured"
+        with srv.socket() as client:
+            client.settimeout(TIMEOUT)
+            client.connect((app.ip, 8080))
+            conn, peer = inbound.accept()
+            with conn:
+                assert conn.getsockname() == (app.ip, 8080)  # the original destination
+                assert peer == (srv.ip, client.getsockname()[1])
+    # the listener closed, so its map entry went with it: fail closed
+    assert redirector["r"].inspect(spec).inbound == "no-listener"
+    with srv.socket() as client:
+        client.settimeout(TIMEOUT)
+        with pytest.raises(ConnectionRefusedError):
+            client.connect((app.ip, 8080))
+
+
+@pytest.mark.parametrize("port", [4191, 4190, SKIP_IN])
+def test_inbound_to_admin_and_skipped_ports_is_not_steered(pods, spec, redirector, port):
+    _, app, srv, _ = pods
+    with (
+        _listen(app, "0.0.0.0", spec.inbound_port) as inbound,
+        _listen(app, "0.0.0.0", port) as own,
+    ):
+        redirector["r"].set_inbound_listener(spec, inbound)
+        with srv.socket() as client:
+            client.settimeout(TIMEOUT)
+            client.connect((app.ip, port))
+            conn, _ = own.accept()
+            conn.close()
+        inbound.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            inbound.accept()
+
+
+def test_pins_survive_a_reload(pods, spec, redirector, pin_root):
+    _, app, srv, _ = pods
+    old = redirector["r"]
+    map_ids = _map_ids(pin_root)
+    old.close()  # the agent exits: only pins hold programs, maps and links
+    with _listen(app, "127.0.0.1", spec.outbound_port) as outbound:
+        proc = _client(app, srv.ip, 8080)
+        conn, _ = _serve_one(outbound)
+        with conn:
+            assert original_dst(conn) == (srv.ip, 8080)
+        assert _finish(proc) == "pong"
+    new = EbpfRedirector(pin_root=pin_root, accelerate=False)
+    redirector["r"] = new
+    new.enroll(spec)  # compiles again; re-opens the pinned maps; moves links to its programs
+    assert _map_ids(pin_root) == map_ids
+    links = new.inspect(spec).extra["links"]
+    assert links["connect4"]["prog_id"] == maps.prog_id(new._fds["connect4"])
+    with _listen(app, "127.0.0.1", spec.outbound_port) as outbound:
+        proc = _client(app, srv.ip, 8080)
+        conn, _ = _serve_one(outbound)
+        with conn:
+            assert original_dst(conn) == (srv.ip, 8080)
+        assert _finish(proc) == "pong"
+
+
+def test_inbound_falls_back_to_iptables_when_sk_lookup_is_unavailable(pods, pin_root):
+    lb, *_ = pods
+    pod = lb.pod(lb.node("n2"), "fb")
+    fspec = CaptureSpec(pod="test/fb", netns=pod.netns, pod_ip=pod.ip, cgroup=pod.cgroup)
+    r = EbpfRedirector(pin_root=pin_root, accelerate=False, use_sk_lookup=False)
+    try:
+        r.enroll(fspec)
+        state = r.inspect(fspec)
+        assert state.inbound == "fallback-iptables"
+        assert state.outbound == "captured"
+        assert "sk_lookup" not in state.extra["links"]
+    finally:
+        r.unenroll(fspec)
+        r.close()
+    assert r.inspect(fspec).inbound == "missing"
+
+
+def _map_ids(pin_root: Path) -> dict[str, int]:
+    out = {}
+    for name in maps.MAP_TYPES:
+        with maps.PinnedMap.open(pin_root / "maps", name) as m:
+            out[name] = int.from_bytes(maps.obj_info(m.fd)[4:8], "little")
+    return out
+
+
+# --- opt-in same-node acceleration ---------------------------------------------------------
+
+
+@pytest.fixture
+def accelerated(redirector, spec):
+    r = redirector["r"]
+    r.accelerate = True
+    r.enroll(spec)
+    yield r
+    r.accelerate = False
+    r.enroll(spec)
+
+
+BULK_CLIENT = textwrap.dedent(
+    """
+    import hashlib, socket, sys
+    host, port, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    data = bytes(i % 251 for i in range(size))
+    s = socket.create_connection((host, port), timeout=10)
+    for _ in range(3):  # small request/response first, then bulk
+        s.sendall(b"ping")
+        assert s.recv(4) == b"pong"
+    s.sendall(data)
+    got = b""
+    while len(got) < size:
+        chunk = s.recv(65536)
+        assert chunk
+        got += chunk
+    print(hashlib.sha256(data).hexdigest(), hashlib.sha256(got).hexdigest(), len(got))
+    """
+)
+
+
+def test_accelerated_small_exchange_and_1mib_transfer_are_byte_exact(pods, spec, accelerated):
+    _, app, srv, _ = pods
+    size = 1 << 20
+    with _listen(app, "127.0.0.1", spec.outbound_port) as outbound:
+        proc = app.spawn(
+            [sys.executable, "-c", BULK_CLIENT, srv.ip, "8080", str(size)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        conn, _ = outbound.accept()
+        with conn:
+            conn.settimeout(10)
+            assert accelerated.inspect(spec).counters["accel_sockets"] == 2
+            segs = _tcp_out_segs(app)
+            for _ in range(3):
+                assert _recv_exact(conn, 4) == b"ping"
+                conn.sendall(b"pong")
+            # redirected messages skip TCP: 3 round trips over TCP would send >= 6 segments
+            assert _tcp_out_segs(app) - segs < 6
+            echo = _recv_exact(conn, size)
+            conn.sendall(echo)
+        sent, received, n = _finish(proc).split()
+    assert echo == bytes(i % 251 for i in range(size))
+    assert (sent, int(n)) == (received, size)
+
+
+def _tcp_out_segs(pod) -> int:
+    def read() -> int:
+        rows = [
+            line.split()
+            for line in Path("/proc/thread-self/net/snmp").read_text().splitlines()
+            if line.startswith("Tcp:")
+        ]
+        return int(rows[1][rows[0].index("OutSegs")])
+
+    return netns.run_in(pod.netns, read)
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        assert chunk, f"eof after {len(buf)} of {n} bytes"
+        buf += chunk
+    return bytes(buf)
+
+
+# --- keep last: removes everything --------------------------------------------------------
+
+
+def test_unenroll_and_uninstall_leave_no_program_map_link_or_pin(pods, spec, redirector, pin_root):
+    r = redirector["r"]
+    r.unenroll(spec)
+    assert not r.pod_dir(spec).exists()
+    state = r.inspect(spec)
+    assert (state.inbound, state.outbound) == ("missing", "missing")
+    assert state.counters["links"] == 0
+    r.uninstall()
+    assert not pin_root.exists()
+    assert _ours("prog") == []
+    # maps go when the programs that used them are freed, after an RCU grace period
+    deadline = time.monotonic() + 10
+    while _ours("map") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ours("map") == []
+    cgroup_ino = spec.cgroup.stat().st_ino
+    netns_ino = spec.netns.stat().st_ino
+    assert [i for i in _link_infos() if i.target in (cgroup_ino, netns_ino)] == []
+
+
+def _ours(kind: str) -> list[str]:
+    names = []
+    for obj_id in maps.object_ids(kind):
+        try:
+            fd = maps.fd_by_id(kind, obj_id)
+        except maps.BpfError:
+            continue  # freed meanwhile
+        try:
+            info = maps.obj_info(fd)
+        finally:
+            os.close(fd)
+        offset = 64 if kind == "prog" else 24
+        name = info[offset : offset + 16].split(b"\0")[0].decode()
+        if name.startswith("ma_"):
+            names.append(name)
+    return names
+
+
+def _link_infos() -> list[maps.LinkInfo]:
+    out = []
+    for link_id in maps.object_ids("link"):
+        try:
+            fd = maps.fd_by_id("link", link_id)
+        except maps.BpfError:
+            continue
+        try:
+            out.append(maps.LinkInfo.of(fd))
+        finally:
+            os.close(fd)
+    return out
