@@ -184,3 +184,168 @@ def resolve(
         except ValueError as exc:
             raise SettingError(source, raw, str(exc)) from None
     return values
+
+
+# --- meshagent controlplane -----------------------------------------------------
+
+DEFAULT_CLUSTER_NETWORKS = "10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16"
+INBOUND_POLICIES = (
+    "all-unauthenticated",
+    "all-authenticated",
+    "cluster-unauthenticated",
+    "cluster-authenticated",
+    "deny",
+    "audit",
+)
+
+
+def parse_listen_port(raw: str) -> int:
+    """A TCP port to listen on, 0-65535 (0: let the kernel pick one)."""
+    if raw.strip() == "0":
+        return 0
+    return parse_port(raw)
+
+
+def parse_networks(raw: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """A comma-separated list of CIDRs, at least one."""
+    nets = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        try:
+            nets.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"{item!r} is not a CIDR") from None
+    if not nets:
+        raise ValueError("expected at least one CIDR")
+    return tuple(nets)
+
+
+def parse_dns_name(raw: str) -> str:
+    """A DNS name such as `cluster.local` (lowercase labels of letters, digits, '-')."""
+    labels = raw.rstrip(".").split(".")
+    ok = all(
+        0 < len(label) < 64 and label.replace("-", "").isalnum() and label == label.lower()
+        for label in labels
+    )
+    if not ok or len(raw) > 253:
+        raise ValueError("not a DNS name")
+    return raw.rstrip(".")
+
+
+def parse_positive_seconds(raw: str) -> float:
+    """A duration above zero."""
+    value = parse_seconds(raw)
+    if value <= 0:
+        raise ValueError("must be positive")
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlPlaneSettings:
+    """`meshagent controlplane`: the embedded Destination, Identity and policy servers."""
+
+    manifests: Path
+    identity_dir: Path
+    bind: str = "0.0.0.0"
+    destination_port: int = DESTINATION_PORT
+    identity_port: int = IDENTITY_PORT
+    policy_port: int = POLICY_PORT
+    cluster_domain: str = "cluster.local"
+    trust_domain: str = "cluster.local"
+    controlplane_namespace: str = "linkerd"
+    default_inbound_policy: str = "all-unauthenticated"
+    cluster_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = tuple(
+        ipaddress.ip_network(n) for n in DEFAULT_CLUSTER_NETWORKS.split(",")
+    )
+    issuance_lifetime: float = 24 * 3600.0
+    clock_skew: float = 20.0
+    shutdown_grace: float = 5.0
+    poll_interval: float = 0.2
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> ControlPlaneSettings:
+        """Build from `resolve(args, env, CONTROLPLANE_OPTIONS)`."""
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+
+CONTROLPLANE_OPTIONS: tuple[Option, ...] = (
+    Option(flag="--manifests", parse=parse_dir, required=True, help="folder of YAML manifests"),
+    Option(
+        flag="--identity-dir",
+        parse=parse_dir,
+        required=True,
+        help="issuer.crt, issuer.key, ca.crt and the token-signing key",
+    ),
+    Option(flag="--bind", parse=parse_ip, default="0.0.0.0", help="address to listen on"),
+    Option(
+        flag="--destination-port",
+        parse=parse_listen_port,
+        default=str(DESTINATION_PORT),
+        help="Destination gRPC port (0: any)",
+    ),
+    Option(
+        flag="--identity-port",
+        parse=parse_listen_port,
+        default=str(IDENTITY_PORT),
+        help="Identity gRPC port (0: any)",
+    ),
+    Option(
+        flag="--policy-port",
+        parse=parse_listen_port,
+        default=str(POLICY_PORT),
+        help="inbound policy gRPC port (0: any)",
+    ),
+    Option(
+        flag="--cluster-domain", parse=parse_dns_name, default="cluster.local", help="DNS suffix"
+    ),
+    Option(
+        flag="--trust-domain", parse=parse_dns_name, default="cluster.local", help="mesh identity"
+    ),
+    Option(
+        flag="--controlplane-namespace",
+        parse=parse_dns_name,
+        default="linkerd",
+        help="namespace named in identities",
+    ),
+    Option(
+        flag="--default-inbound-policy",
+        parse=choice(*INBOUND_POLICIES),
+        default="all-unauthenticated",
+        help="policy of ports no Server selects",
+    ),
+    Option(
+        flag="--cluster-networks",
+        parse=parse_networks,
+        default=DEFAULT_CLUSTER_NETWORKS,
+        help="pod and node networks, comma-separated CIDRs",
+    ),
+    Option(
+        flag="--issuance-lifetime",
+        parse=parse_positive_seconds,
+        default="24h",
+        help="validity of workload certificates",
+    ),
+    Option(
+        flag="--clock-skew",
+        parse=parse_seconds,
+        default="20s",
+        help="backdating of workload certificates",
+    ),
+    Option(
+        flag="--shutdown-grace",
+        parse=parse_seconds,
+        default="5s",
+        help="time open streams get to finish on SIGTERM",
+    ),
+)
+
+CONTROLPLANE_TOKEN_OPTIONS: tuple[Option, ...] = (
+    Option(
+        flag="--identity-dir",
+        parse=parse_dir,
+        required=True,
+        help="identity dir holding token-signing.key (created if missing)",
+    ),
+    Option(flag="--lifetime", parse=parse_positive_seconds, default="24h", help="token validity"),
+)
