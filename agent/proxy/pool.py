@@ -1,0 +1,387 @@
+"""The supervisor's pool of proxy worker processes.
+
+Rules:
+1. Workers are started with `subprocess.Popen` (`python -m agent.proxy.worker`),
+   never `fork`: the supervisor runs gRPC threads, and a forked child would
+   inherit their locks mid-flight. The worker's channel end goes through
+   `pass_fds`; nothing else is inherited.
+2. The pool owns the listener sockets it is given and keeps every current
+   listener and state value, so that a new worker gets all of them (state
+   first, then listeners) before anything else.
+3. A worker's exit is seen through its pidfd (`os.pidfd_open` on the loop);
+   it is reaped by its own `Popen`, and replaced at once (after a short
+   backoff only if it keeps dying young): well within 2 s.
+4. Signals go through the pidfd (`signal.pidfd_send_signal`), so the pool can
+   only ever signal its own children, never a recycled PID.
+5. Not thread-safe: call it from the loop it was started on (from gRPC
+   threads use `loop.call_soon_threadsafe`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from agent.proxy import channel as ch
+from agent.redirect.model import PROXY_MARK
+
+if TYPE_CHECKING:
+    import socket
+
+    from agent.proxy.listener import ListenerKind
+
+logger = logging.getLogger(__name__)
+
+YOUNG_S = 1.0  # a worker dying younger than this counts towards backoff
+MAX_BACKOFF_S = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerOptions:
+    """How workers are started (each maps to a worker flag)."""
+
+    mark: int = PROXY_MARK
+    grace_s: float = 30.0
+    idle_timeout_s: float = 3600.0
+    connect_timeout_s: float = 5.0
+    stats_interval_s: float = 5.0
+    plugins: tuple[str, ...] = ()
+    log_level: str = "info"
+    python: str = sys.executable
+    env: Mapping[str, str] | None = None
+
+    def argv(self, channel_fd: int, worker_id: int) -> list[str]:
+        argv = [
+            self.python,
+            "-m",
+            "agent.proxy.worker",
+            f"--channel-fd={channel_fd}",
+            f"--worker-id={worker_id}",
+            f"--mark={self.mark}",
+            f"--grace={self.grace_s}",
+            f"--idle-timeout={self.idle_timeout_s}",
+            f"--connect-timeout={self.connect_timeout_s}",
+            f"--stats-interval={self.stats_interval_s}",
+            f"--log-level={self.log_level}",
+        ]
+        argv.extend(f"--plugin={p}" for p in self.plugins)
+        return argv
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerInfo:
+    """A live worker, as `WorkerPool.workers` reports it."""
+
+    worker_id: int
+    pid: int
+    ready: bool
+    age_s: float
+    stats: ch.Stats | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExitRecord:
+    """A worker process that exited: its slot, PID and status (negative: signal)."""
+
+    worker_id: int
+    pid: int
+    status: int
+
+
+class _Proc:
+    """One worker process and the pool's handles on it."""
+
+    def __init__(self, worker_id: int, proc: subprocess.Popen[bytes], pidfd: int) -> None:
+        self.worker_id = worker_id
+        self.proc = proc
+        self.pidfd = pidfd
+        self.started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.exited: asyncio.Future[int] = loop.create_future()
+        self.channel: ch.Channel | None = None
+        self.stats: ch.Stats | None = None
+
+    def signal(self, sig: int) -> None:
+        if not self.exited.done():
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.pidfd, sig)
+
+
+NeedCallback = Callable[[int, ch.Need], None]
+StatsCallback = Callable[[ch.Stats], None]
+
+
+class WorkerPool:
+    """N worker processes fed listeners and state; see the module rules."""
+
+    def __init__(
+        self,
+        n: int,
+        *,
+        options: WorkerOptions | None = None,
+        on_need: NeedCallback | None = None,
+        on_stats: StatsCallback | None = None,
+    ) -> None:
+        if n < 1:
+            raise ValueError(f"a pool needs at least one worker, got {n}")
+        self.n = n
+        self.options = options or WorkerOptions()
+        self._on_need = on_need
+        self._on_stats = on_stats
+        self._procs: dict[int, _Proc] = {}  # by worker_id (slot); one process per slot
+        self._listeners: dict[str, tuple[ch.AddListener, socket.socket]] = {}
+        self._state: dict[Hashable, Any] = {}
+        self._young_deaths: dict[int, int] = {}
+        self._respawns: dict[int, asyncio.TimerHandle] = {}
+        self._closing = False
+        self.restarts = 0  # workers replaced after an unplanned exit
+        self.exits: deque[ExitRecord] = deque(maxlen=64)  # the latest exits, oldest first
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def start(self, ready_timeout: float = 10.0) -> None:
+        """Start the N workers and wait until each has said `Ready`.
+
+        Raises:
+            TimeoutError: some worker was not ready within `ready_timeout`.
+            OSError: a worker process could not be started.
+        """
+        for worker_id in range(self.n):
+            self._spawn(worker_id)
+        await self.wait_ready(ready_timeout)
+
+    async def wait_ready(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - a deadline parameter reads better here
+        """Until every slot has a live, ready worker.
+
+        Raises:
+            TimeoutError: not within `timeout`.
+        """
+        async with asyncio.timeout(timeout):
+            while True:
+                procs = list(self._procs.values())
+                if len(procs) == self.n and all(p.ready.done() for p in procs):
+                    return
+                waits = [p.ready for p in procs if not p.ready.done()]
+                if waits:
+                    await asyncio.wait(waits)
+                else:  # a slot is between a death and its respawn
+                    await asyncio.sleep(0.02)
+
+    async def drain(self, grace: float) -> dict[int, int]:
+        """Drain every worker (`Drain(grace)`), wait for them to exit, kill stragglers.
+
+        Returns each worker PID's exit status (negative: killed by that signal).
+        """
+        self._closing = True
+        self._cancel_respawns()
+        procs = list(self._procs.values())
+        for p in procs:
+            if p.channel is not None and not p.channel.send(ch.Drain(deadline_s=grace)):
+                p.signal(signal.SIGTERM)
+        await self._wait_exits(procs, grace + 2.0)
+        self._close_listeners()
+        return {p.proc.pid: p.exited.result() for p in procs}
+
+    async def close(self) -> None:
+        """Kill (SIGKILL) this pool's workers, reap them, close every fd it holds."""
+        self._closing = True
+        self._cancel_respawns()
+        procs = list(self._procs.values())
+        for p in procs:
+            p.signal(signal.SIGKILL)
+        await self._wait_exits(procs, 5.0)
+        self._close_listeners()
+
+    async def _wait_exits(self, procs: list[_Proc], within_s: float) -> None:
+        waits = [p.exited for p in procs if not p.exited.done()]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=within_s)
+            if pending:
+                for p in procs:
+                    p.signal(signal.SIGKILL)
+                await asyncio.wait(pending, timeout=5.0)
+        for p in procs:  # last resort: blocking reap, the process is gone or going
+            if not p.exited.done():
+                self._exited(p)
+
+    def _cancel_respawns(self) -> None:
+        for handle in self._respawns.values():
+            handle.cancel()
+        self._respawns.clear()
+
+    def _close_listeners(self) -> None:
+        for _, sock in self._listeners.values():
+            sock.close()
+        self._listeners.clear()
+
+    # --- the supervisor's calls -------------------------------------------------
+
+    def add_listener(
+        self, *, listener_id: str, pod: str, kind: ListenerKind, netns: str, sock: socket.socket
+    ) -> None:
+        """Have every worker (present and future) accept on `sock`; the pool now owns it.
+
+        Raises:
+            ValueError: `listener_id` is already in the pool (the socket is not taken).
+        """
+        if listener_id in self._listeners:
+            raise ValueError(f"listener {listener_id} is already in the pool")
+        msg = ch.AddListener(
+            listener_id=listener_id, pod=pod, kind=kind, netns=netns, fd=sock.fileno()
+        )
+        self._listeners[listener_id] = (msg, sock)
+        self._send_all(msg)
+
+    def remove_listener(self, listener_id: str, drain_s: float = 0.0) -> bool:
+        """Stop accepting on a listener everywhere; its connections get `drain_s`.
+
+        The pool closes its own copy now; the socket is gone once every
+        worker has closed theirs. False if the pool did not have it.
+        """
+        entry = self._listeners.pop(listener_id, None)
+        if entry is None:
+            return False
+        self._send_all(ch.RemoveListener(listener_id=listener_id, drain_s=drain_s))
+        entry[1].close()
+        return True
+
+    def broadcast(self, msg: ch.StateUpdate | ch.StateDelete) -> None:
+        """Apply a state change in every worker, present and future.
+
+        Raises:
+            pickle.PicklingError, TypeError: the value cannot be pickled.
+        """
+        if isinstance(msg, ch.StateDelete):
+            self._state.pop(msg.key, None)
+        else:
+            self._state[msg.key] = msg.value
+        self._send_all(msg)
+
+    @property
+    def listener_ids(self) -> list[str]:
+        return list(self._listeners)
+
+    @property
+    def pids(self) -> list[int]:
+        """PIDs of the live workers."""
+        return [p.proc.pid for p in self._procs.values() if not p.exited.done()]
+
+    @property
+    def workers(self) -> list[WorkerInfo]:
+        now = time.monotonic()
+        return [
+            WorkerInfo(
+                worker_id=p.worker_id,
+                pid=p.proc.pid,
+                ready=p.ready.done(),
+                age_s=now - p.started,
+                stats=p.stats,
+            )
+            for p in self._procs.values()
+        ]
+
+    def _send_all(self, msg: ch.Message) -> None:
+        for p in self._procs.values():
+            if p.channel is not None:
+                p.channel.send(msg)
+
+    # --- processes ----------------------------------------------------------------------
+
+    def _spawn(self, worker_id: int) -> None:
+        self._respawns.pop(worker_id, None)
+        if self._closing:
+            return
+        mine, theirs = ch.pair()
+        try:
+            proc = subprocess.Popen(
+                self.options.argv(theirs.fileno(), worker_id),
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=dict(self.options.env) if self.options.env is not None else None,
+            )
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        p = _Proc(worker_id, proc, os.pidfd_open(proc.pid))
+        loop = asyncio.get_running_loop()
+        loop.add_reader(p.pidfd, self._exited, p)
+        p.channel = ch.Channel(
+            mine,
+            on_message=lambda msg: self._on_message(p, msg),
+            on_closed=lambda: None,  # the pidfd tells when the process is gone
+            name=f"pool-worker-{worker_id}",
+        )
+        p.channel.start()
+        self._procs[worker_id] = p
+        for key, value in self._state.items():
+            p.channel.send(ch.StateUpdate(key=key, value=value))
+        for msg, _ in self._listeners.values():
+            p.channel.send(msg)
+        logger.info("worker started", extra={"worker": worker_id, "pid": proc.pid})
+
+    def _exited(self, p: _Proc) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(p.pidfd)
+        status = p.proc.wait()  # the pidfd is readable: it has exited, this reaps at once
+        os.close(p.pidfd)
+        if p.channel is not None:
+            p.channel.close()
+        if self._procs.get(p.worker_id) is p:
+            del self._procs[p.worker_id]
+        if not p.ready.done():
+            p.ready.cancel()
+        p.exited.set_result(status)
+        self.exits.append(ExitRecord(worker_id=p.worker_id, pid=p.proc.pid, status=status))
+        if self._closing:
+            logger.info("worker exited", extra={"worker": p.worker_id, "status": status})
+            return
+        logger.warning(
+            "worker died, replacing it",
+            extra={"worker": p.worker_id, "pid": p.proc.pid, "status": status},
+        )
+        self.restarts += 1
+        self._respawns[p.worker_id] = loop.call_later(self._backoff(p), self._respawn, p.worker_id)
+
+    def _respawn(self, worker_id: int) -> None:
+        try:
+            self._spawn(worker_id)
+        except OSError:
+            logger.exception("worker could not be started", extra={"worker": worker_id})
+            loop = asyncio.get_running_loop()
+            self._respawns[worker_id] = loop.call_later(MAX_BACKOFF_S, self._respawn, worker_id)
+
+    def _backoff(self, p: _Proc) -> float:
+        if time.monotonic() - p.started >= YOUNG_S:
+            self._young_deaths.pop(p.worker_id, None)
+            return 0.0
+        k = self._young_deaths.get(p.worker_id, 0) + 1
+        self._young_deaths[p.worker_id] = k
+        return min(0.1 * 2.0 ** (k - 1), MAX_BACKOFF_S)
+
+    def _on_message(self, p: _Proc, msg: ch.Message) -> None:
+        if isinstance(msg, ch.Ready):
+            if not p.ready.done():
+                p.ready.set_result(None)
+            logger.info("worker ready", extra={"worker": p.worker_id, "pid": p.proc.pid})
+        elif isinstance(msg, ch.Need):
+            if self._on_need is not None:
+                self._on_need(p.worker_id, msg)
+        elif isinstance(msg, ch.Stats):
+            p.stats = msg
+            if self._on_stats is not None:
+                self._on_stats(msg)
+        else:
+            logger.error("BUG: pool got a pool message", extra={"kind": type(msg).__name__})

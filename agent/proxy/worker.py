@@ -1,0 +1,584 @@
+"""A proxy worker process: accepts on every pod's listeners and runs the data path.
+
+`python -m agent.proxy.worker --channel-fd N --worker-id K` (started by
+`agent.proxy.pool.WorkerPool`, never by hand).
+
+Rules:
+1. Everything arrives over the channel (agent.proxy.channel): listeners as
+   fds, state as `StateUpdate`s. A worker makes no control-plane calls; it
+   asks for missing state with `Need` (`WorkerState.want`).
+2. Each accepted connection is paused, wrapped in a `Conn` and given to
+   `HANDLERS[kind]` in its own task. A handler's exception ends that
+   connection only: it is counted, logged once with pod, listener and peer,
+   and never escapes.
+3. `RemoveListener`: stop accepting on it now; its connections get `drain_s`,
+   then are reset. `Drain` or SIGTERM: stop accepting everywhere, wait for
+   connections up to the deadline, reset the rest, exit 0. SIGINT is ignored
+   (the supervisor decides); a closed channel (supervisor gone) drains too.
+4. Extension points, set by modules loaded with `--plugin` (a module name or a
+   `.py` path): `HANDLERS` and `resolve_target`. Both are read per connection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from agent import aio
+from agent.errors import AgentError
+from agent.proxy import channel as ch
+from agent.proxy import tcp
+from agent.proxy.listener import LISTEN_BACKLOG, ListenerKind, UpstreamSockets
+from agent.redirect.model import PROXY_MARK
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GRACE_S = 30.0
+DEFAULT_IDLE_TIMEOUT_S = 3600.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_STATS_INTERVAL_S = 5.0
+
+
+class ProxyLoopError(AgentError):
+    """The target of a connection is the listener that accepted it."""
+
+    def __init__(self, listener_id: str, target: tuple[str, int]) -> None:
+        self.listener_id = listener_id
+        self.target = target
+        super().__init__(f"listener {listener_id}: target {target[0]}:{target[1]} is itself")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListenerInfo:
+    """What a worker knows about one listener."""
+
+    listener_id: str
+    pod: str
+    kind: ListenerKind
+    netns: str
+
+
+class Conn:
+    """One accepted connection, as handlers see it.
+
+    `transport` has reading paused. A handler takes it over with
+    `transport.set_protocol(...)` and must first feed that protocol what was
+    already read (`held.prefix`, `held.eof`), as `tcp.open_relay` does.
+    """
+
+    __slots__ = ("held", "listener", "local", "peer", "relay", "task", "transport", "worker")
+
+    def __init__(self, worker: Worker, listener: ListenerInfo, held: tcp.Held) -> None:
+        assert held.transport is not None  # noqa: S101 - called from connection_made
+        transport = held.transport
+        self.worker = worker
+        self.listener = listener
+        self.held = held
+        self.transport = transport
+        self.peer: tuple[str, int] = transport.get_extra_info("peername") or ("?", 0)
+        self.local: tuple[str, int] = transport.get_extra_info("sockname") or ("?", 0)
+        self.task: asyncio.Task[None] | None = None
+        self.relay: tcp.Relay | None = None
+
+    @property
+    def socket(self) -> Any:
+        """The accepted socket (a socket-like object: getsockopt, getsockname...)."""
+        return self.transport.get_extra_info("socket")
+
+    def log_extra(self) -> dict[str, object]:
+        return {
+            "pod": self.listener.pod,
+            "listener": self.listener.listener_id,
+            "peer": f"{self.peer[0]}:{self.peer[1]}",
+        }
+
+
+Handler = Callable[[Conn], Awaitable[None]]
+
+
+class WorkerState:
+    """The worker's copy of the supervisor's state: opaque values by key."""
+
+    def __init__(self, ask: Callable[[ch.Need], None]) -> None:
+        self._values: dict[Hashable, Any] = {}
+        self._waiters: dict[Hashable, list[asyncio.Future[Any]]] = {}
+        self._asked: set[Hashable] = set()
+        self._ask = ask
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._values
+
+    def __getitem__(self, key: Hashable) -> Any:
+        return self._values[key]
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        return self._values.get(key, default)
+
+    def apply(self, msg: ch.StateUpdate | ch.StateDelete) -> None:
+        """Apply one update from the supervisor; wake `want`ers of that key."""
+        if isinstance(msg, ch.StateDelete):
+            self._values.pop(msg.key, None)
+            return
+        self._values[msg.key] = msg.value
+        self._asked.discard(msg.key)
+        for fut in self._waiters.pop(msg.key, ()):
+            if not fut.done():
+                fut.set_result(msg.value)
+
+    async def want(self, key: Hashable, *, kind: str, wait_s: float) -> Any:
+        """The value of `key`, asking the supervisor once (`Need(kind, key)`) if absent.
+
+        Raises:
+            TimeoutError: no value arrived within `wait_s` seconds.
+        """
+        if key in self._values:
+            return self._values[key]
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(key, []).append(fut)
+        if key not in self._asked:
+            self._asked.add(key)
+            self._ask(ch.Need(kind=kind, key=key))
+        try:
+            async with asyncio.timeout(wait_s):
+                return await fut
+        finally:
+            waiters = self._waiters.get(key)
+            if waiters and fut in waiters:
+                waiters.remove(fut)
+
+
+# --- default handler: opaque relay to the original destination --------------------
+
+
+def _load_orig_dst() -> Callable[[Any], tuple[str, int]] | None:
+    try:
+        mod = importlib.import_module("agent.redirect.orig_dst")
+    except ImportError:
+        return None
+    fn: Callable[[Any], tuple[str, int]] | None = getattr(mod, "original_dst", None)
+    return fn
+
+
+_ORIGINAL_DST = _load_orig_dst()
+
+
+def default_resolve_target(conn: Conn) -> tuple[str, int]:
+    """Where to relay `conn`: the original destination; inbound, on the pod's loopback.
+
+    Asks `agent.redirect.orig_dst.original_dst(sock)` (SO_ORIGINAL_DST) and,
+    when it does not know (not redirected by conntrack: sk_lookup, or a direct
+    connection), takes the accepted socket's local address, which is then the
+    original destination. A direct connection to an outbound listener thus
+    resolves to the listener itself, which `relay_handler` refuses.
+    """
+    sock = conn.socket
+    target: tuple[str, int] | None = None
+    if _ORIGINAL_DST is not None:
+        with contextlib.suppress(AgentError):
+            target = _ORIGINAL_DST(sock)
+    if target is None:
+        host, port = sock.getsockname()[:2]
+        target = (host, port)
+    if conn.listener.kind is ListenerKind.INBOUND:
+        return ("127.0.0.1", target[1])  # DESIGN: forward to the app on the pod's loopback
+    return target
+
+
+resolve_target: Callable[[Conn], tuple[str, int]] = default_resolve_target
+
+
+async def relay_handler(conn: Conn) -> None:
+    """Relay `conn` byte for byte to `resolve_target(conn)` from the pod's namespace.
+
+    Raises:
+        ProxyLoopError: the target is the listener itself.
+        OSError, TimeoutError: the upstream connection failed.
+    """
+    target = resolve_target(conn)
+    if target == conn.local:
+        raise ProxyLoopError(conn.listener.listener_id, target)
+    worker = conn.worker
+    sock = await worker.upstreams.get(conn.listener.netns)
+    try:
+        async with asyncio.timeout(worker.connect_timeout):
+            await asyncio.get_running_loop().sock_connect(sock, target)
+    except BaseException:
+        sock.close()
+        raise
+    held = conn.held
+    relay = await tcp.open_relay(
+        conn.transport,
+        sock,
+        prefix=bytes(held.prefix),
+        eof=held.eof,
+        idle_timeout=worker.idle_timeout,
+    )
+    conn.relay = relay
+    try:
+        await relay.wait()
+    finally:
+        if not relay.done.done():
+            relay.abort()
+
+
+HANDLERS: dict[ListenerKind, Handler] = {
+    ListenerKind.OUTBOUND: relay_handler,
+    ListenerKind.INBOUND: relay_handler,
+}
+
+
+# --- the worker ---------------------------------------------------------------------
+
+
+class _Accept(tcp.Held):
+    """Protocol of a freshly accepted connection until its handler takes it over."""
+
+    __slots__ = ("conn", "listener")
+
+    def __init__(self, listener: _Listener) -> None:
+        super().__init__()
+        self.listener = listener
+        self.conn: Conn | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.conn = self.listener.worker.accepted(self.listener, self)
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - Protocol API
+        # Only before a handler took the transport over.
+        if self.conn is not None and self.conn.task is not None:
+            self.conn.task.cancel()
+
+
+class _Listener:
+    __slots__ = ("conns", "info", "server", "worker")
+
+    def __init__(self, worker: Worker, info: ListenerInfo) -> None:
+        self.worker = worker
+        self.info = info
+        self.server: asyncio.Server | None = None
+        self.conns: set[Conn] = set()
+
+
+class Worker:
+    """The worker's loop-side state; `run` until drained."""
+
+    def __init__(  # noqa: PLR0913 - every knob is a flag of the worker command
+        self,
+        *,
+        worker_id: int,
+        mark: int = PROXY_MARK,
+        grace_s: float = DEFAULT_GRACE_S,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+        stats_interval: float = DEFAULT_STATS_INTERVAL_S,
+    ) -> None:
+        self.worker_id = worker_id
+        self.grace_s = grace_s
+        self.idle_timeout = idle_timeout
+        self.connect_timeout = connect_timeout
+        self.stats_interval = stats_interval
+        self.upstreams = UpstreamSockets(mark)
+        self.state = WorkerState(self._ask)
+        self.listeners: dict[str, _Listener] = {}
+        self.conns: set[Conn] = set()
+        self.accepted_total = 0
+        self.failed_total = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+        self._channel: ch.Channel | None = None
+        self._inbox: asyncio.Queue[ch.Message] = asyncio.Queue()
+        self._draining = False
+        self._exit: asyncio.Future[int] | None = None
+
+    # --- lifecycle ------------------------------------------------------------
+
+    async def run(self, channel_sock: socket.socket) -> int:
+        """Serve until drained; the exit status."""
+        loop = asyncio.get_running_loop()
+        self._exit = loop.create_future()
+        loop.set_exception_handler(self._loop_error)
+        self._channel = ch.Channel(
+            channel_sock,
+            on_message=self._inbox.put_nowait,
+            on_closed=self._channel_closed,
+            name=f"worker-{self.worker_id}",
+        )
+        self._channel.start()
+        loop.add_signal_handler(signal.SIGTERM, self._sigterm)
+        tasks = [
+            aio.spawn(self._control(), name="worker-control"),
+            aio.spawn(self._report(), name="worker-stats"),
+        ]
+        self._channel.send(ch.Ready(worker_id=self.worker_id))
+        logger.info("worker ready", extra={"worker": self.worker_id, "pid": os.getpid()})
+        try:
+            return await self._exit
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            await aio.cancel_and_wait(tasks)
+            self.upstreams.close()
+            self._channel.close()
+
+    def _sigterm(self) -> None:
+        logger.info("sigterm, draining", extra={"worker": self.worker_id, "grace_s": self.grace_s})
+        aio.spawn(self.drain(self.grace_s), name="worker-drain")
+
+    def _channel_closed(self) -> None:
+        if not self._draining:
+            logger.warning("supervisor channel closed, draining", extra={"worker": self.worker_id})
+            aio.spawn(self.drain(self.grace_s), name="worker-drain")
+
+    def _loop_error(
+        self,
+        loop: asyncio.AbstractEventLoop,  # noqa: ARG002 - handler API
+        context: dict[str, Any],
+    ) -> None:
+        # A protocol callback raised: the transport is closed by the loop; count it.
+        self.failed_total += 1
+        logger.error(
+            "BUG: loop callback failed",
+            extra={"worker": self.worker_id, "context": context.get("message")},
+            exc_info=context.get("exception"),
+        )
+
+    async def drain(self, deadline_s: float) -> None:
+        """Stop accepting everywhere, let connections finish up to `deadline_s`, exit 0."""
+        if self._draining:
+            return
+        self._draining = True
+        for lst in self.listeners.values():
+            self._stop_accepting(lst)
+        left = await _finish(self.conns, deadline_s)
+        logger.info("worker drained", extra={"worker": self.worker_id, "reset_connections": left})
+        if self._channel is not None:
+            self._channel.send(self._stats())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._channel.flush()
+        if self._exit is not None and not self._exit.done():
+            self._exit.set_result(0)
+
+    # --- control messages -------------------------------------------------------
+
+    async def _control(self) -> None:
+        while True:
+            msg = await self._inbox.get()
+            try:
+                await self._apply(msg)
+            except Exception:
+                logger.exception(
+                    "control message failed",
+                    extra={"worker": self.worker_id, "kind": type(msg).__name__},
+                )
+
+    async def _apply(self, msg: ch.Message) -> None:
+        if isinstance(msg, ch.StateUpdate | ch.StateDelete):
+            self.state.apply(msg)
+        elif isinstance(msg, ch.AddListener):
+            await self._add_listener(msg)
+        elif isinstance(msg, ch.RemoveListener):
+            self._remove_listener(msg)
+        elif isinstance(msg, ch.Drain):
+            aio.spawn(self.drain(msg.deadline_s), name="worker-drain")
+        elif isinstance(msg, ch.Ready | ch.Need | ch.Stats):
+            logger.error("BUG: worker got a worker message", extra={"kind": type(msg).__name__})
+        else:
+            raise AssertionError(f"BUG: unhandled message {msg!r}")  # noqa: TRY004 - STYLE dispatch
+
+    async def _add_listener(self, msg: ch.AddListener) -> None:
+        sock = socket.socket(fileno=msg.fd)
+        if self._draining or msg.listener_id in self.listeners:
+            sock.close()
+            return
+        info = ListenerInfo(
+            listener_id=msg.listener_id, pod=msg.pod, kind=msg.kind, netns=msg.netns
+        )
+        lst = _Listener(self, info)
+        self.listeners[msg.listener_id] = lst
+        try:
+            lst.server = await asyncio.get_running_loop().create_server(
+                lambda: _Accept(lst), sock=sock, backlog=LISTEN_BACKLOG
+            )
+        except OSError:
+            sock.close()
+            del self.listeners[msg.listener_id]
+            raise
+        logger.info(
+            "listening",
+            extra={"worker": self.worker_id, "pod": msg.pod, "listener": msg.listener_id},
+        )
+
+    def _remove_listener(self, msg: ch.RemoveListener) -> None:
+        lst = self.listeners.pop(msg.listener_id, None)
+        if lst is None:
+            return
+        self._stop_accepting(lst)
+        if not any(other.info.netns == lst.info.netns for other in self.listeners.values()):
+            self.upstreams.discard(lst.info.netns)
+        aio.spawn(_finish(lst.conns, msg.drain_s), name=f"retire {msg.listener_id}")
+
+    def _stop_accepting(self, lst: _Listener) -> None:
+        if lst.server is not None:
+            lst.server.close()
+            lst.server = None
+
+    # --- connections ----------------------------------------------------------
+
+    def accepted(self, lst: _Listener, held: tcp.Held) -> Conn:
+        """Called by `_Accept` for each new connection: start its handler."""
+        conn = Conn(self, lst.info, held)
+        self.accepted_total += 1
+        self.conns.add(conn)
+        lst.conns.add(conn)
+        conn.task = aio.spawn(self._serve(conn, lst), name="conn")
+        return conn
+
+    async def _serve(self, conn: Conn, lst: _Listener) -> None:
+        try:
+            await HANDLERS[conn.listener.kind](conn)
+        except Exception as exc:  # rule 2: ends this connection only
+            self.failed_total += 1
+            expected = isinstance(exc, OSError | TimeoutError | AgentError)
+            logger.warning(
+                "connection failed",
+                extra={**conn.log_extra(), "error": repr(exc)},
+                exc_info=None if expected else exc,
+            )
+        finally:
+            if not conn.transport.is_closing():
+                conn.transport.abort()
+            if conn.relay is not None:
+                self.bytes_up += conn.relay.bytes_up
+                self.bytes_down += conn.relay.bytes_down
+            self.conns.discard(conn)
+            lst.conns.discard(conn)
+
+    # --- towards the supervisor --------------------------------------------------
+
+    def _ask(self, need: ch.Need) -> None:
+        if self._channel is not None:
+            self._channel.send(need)
+
+    def _stats(self) -> ch.Stats:
+        return ch.Stats(
+            worker_id=self.worker_id,
+            pid=os.getpid(),
+            listeners=len(self.listeners),
+            open_connections=len(self.conns),
+            accepted_total=self.accepted_total,
+            failed_total=self.failed_total,
+            bytes_up=self.bytes_up,
+            bytes_down=self.bytes_down,
+        )
+
+    async def _report(self) -> None:
+        while True:
+            await asyncio.sleep(self.stats_interval)
+            if self._channel is not None:
+                self._channel.send(self._stats())
+
+
+async def _finish(conns: set[Conn], deadline_s: float) -> int:
+    """Wait up to `deadline_s` for `conns` to end, then cancel the rest; how many were cut."""
+    tasks = [c.task for c in conns if c.task is not None]
+    if not tasks:
+        return 0
+    _, pending = await asyncio.wait(tasks, timeout=deadline_s)
+    await aio.cancel_and_wait(list(pending))
+    return len(pending)
+
+
+# --- process entry --------------------------------------------------------------------
+
+
+class _KeyValueFormatter(logging.Formatter):
+    _STD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        base = super().format(record)
+        extra = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in self._STD)
+        return f"{base} {extra}" if extra else base
+
+
+def _setup_logging(level: str, worker_id: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    fmt = f"%(asctime)s %(levelname)s worker-{worker_id} %(name)s: %(message)s"
+    handler.setFormatter(_KeyValueFormatter(fmt))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    known = level.upper() in logging.getLevelNamesMapping()
+    root.setLevel(level.upper() if known else "INFO")
+
+
+def load_plugin(spec: str) -> None:
+    """Import a plugin: a module name, or a path to a `.py` file.
+
+    Raises:
+        ImportError: it cannot be found or loaded.
+    """
+    if not spec.endswith(".py"):
+        importlib.import_module(spec)
+        return
+    name = "meshagent_plugin_" + os.path.basename(spec)[:-3]  # noqa: PTH119 - a plain string
+    mod_spec = importlib.util.spec_from_file_location(name, spec)
+    if mod_spec is None or mod_spec.loader is None:
+        raise ImportError(f"cannot load plugin {spec}")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[name] = module
+    mod_spec.loader.exec_module(module)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m agent.proxy.worker")
+    p.add_argument("--channel-fd", type=int, required=True)
+    p.add_argument("--worker-id", type=int, required=True)
+    p.add_argument("--mark", type=lambda s: int(s, 0), default=PROXY_MARK)
+    p.add_argument("--grace", type=float, default=DEFAULT_GRACE_S)
+    p.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S)
+    p.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S)
+    p.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL_S)
+    p.add_argument("--plugin", action="append", default=[])
+    p.add_argument("--log-level", default="info")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m agent.proxy.worker`."""
+    args = parse_args(argv)
+    _setup_logging(args.log_level, args.worker_id)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for plugin in args.plugin:
+        load_plugin(plugin)
+    sock = socket.socket(fileno=args.channel_fd)
+    worker = Worker(
+        worker_id=args.worker_id,
+        mark=args.mark,
+        grace_s=args.grace,
+        idle_timeout=args.idle_timeout or None,
+        connect_timeout=args.connect_timeout,
+        stats_interval=args.stats_interval,
+    )
+    return aio.run(worker.run(sock))
+
+
+if __name__ == "__main__":
+    # Run the importable module, not this `__main__` copy, so that plugins
+    # that change `agent.proxy.worker.HANDLERS` change the ones in use.
+    from agent.proxy import worker as _worker  # noqa: PLW0406 - on purpose, see above
+
+    sys.exit(_worker.main())

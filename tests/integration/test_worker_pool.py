@@ -1,0 +1,438 @@
+"""The worker pool with real worker processes, listeners inside a real network namespace.
+
+Topology: a namespace made here (`ip netns add`, lo up) stands for a pod. An
+echo server listens on its 127.0.0.1; the pool's workers accept on listeners
+opened in it and relay (from sockets created in it) to the echo server, whose
+address they get as state (`proxy_worker_plugin.py`). Clients connect from
+inside the namespace too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.proxy.channel import Need, StateUpdate
+from agent.proxy.listener import (
+    ListenerError,
+    ListenerKind,
+    UpstreamSockets,
+    open_listener,
+    open_pod_listeners,
+    upstream_socket,
+)
+from agent.proxy.pool import WorkerOptions, WorkerPool
+from agent.redirect import netns
+
+pytestmark = pytest.mark.privileged
+
+PLUGIN = str(Path(__file__).with_name("proxy_worker_plugin.py"))
+OUT_PORT = 4140
+
+
+@pytest.fixture
+def pod_netns():
+    name = f"ma-pool-{os.getpid()}-{time.monotonic_ns() % 100000}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        yield str(netns.named_path(name))
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+class _Echo(asyncio.Protocol):
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def eof_received(self) -> bool:
+        return False  # answer EOF with EOF
+
+
+@pytest.fixture
+async def echo_port(pod_netns):
+    sock = netns.socket_in(pod_netns)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    sock.setblocking(False)
+    server = await asyncio.get_running_loop().create_server(_Echo, sock=sock)
+    yield sock.getsockname()[1]
+    server.close()
+    await server.wait_closed()
+
+
+@pytest.fixture
+async def make_pool():
+    pools: list[WorkerPool] = []
+
+    async def make(n: int, plugins: tuple[str, ...] = (PLUGIN,), **kw) -> WorkerPool:
+        options = WorkerOptions(plugins=plugins, stats_interval_s=0.1, grace_s=5.0)
+        pool = WorkerPool(n, options=options, **kw)
+        pools.append(pool)
+        await pool.start(ready_timeout=15)
+        return pool
+
+    yield make
+    for pool in pools:
+        await pool.close()
+
+
+@pytest.fixture
+def clients():
+    socks: list[socket.socket] = []
+    yield socks
+    for sock in socks:
+        sock.close()
+
+
+async def _serve(pool: WorkerPool, pod_netns: str, echo_port: int, port=OUT_PORT, lid="out"):
+    pool.broadcast(StateUpdate(key="test-target", value=("127.0.0.1", echo_port)))
+    sock = open_listener(pod_netns, "127.0.0.1", port)
+    pool.add_listener(
+        listener_id=lid, pod="shop/web-1", kind=ListenerKind.OUTBOUND, netns=pod_netns, sock=sock
+    )
+
+
+async def _connect(pod_netns: str, clients: list, port: int = OUT_PORT) -> socket.socket:
+    sock = await netns.run_in_async(pod_netns, socket.socket)
+    clients.append(sock)
+    sock.setblocking(False)
+    async with asyncio.timeout(5):
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return sock
+
+
+async def _echo(sock: socket.socket, data: bytes, within: float = 5.0) -> bytes:
+    loop = asyncio.get_running_loop()
+    await loop.sock_sendall(sock, data)
+    got = bytearray()
+    async with asyncio.timeout(within):
+        while len(got) < len(data):
+            chunk = await loop.sock_recv(sock, 65536)
+            if not chunk:
+                break
+            got += chunk
+    return bytes(got)
+
+
+async def _probe_dead(sock: socket.socket) -> bool:
+    """One round trip: True if the peer closed or reset `sock`, False if it echoed."""
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(3.0):
+            await loop.sock_sendall(sock, b"?")
+            return await loop.sock_recv(sock, 1) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+async def _dies_within(sock: socket.socket, within: float) -> bool:
+    """True if `sock` is closed or reset by its peer within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await _probe_dead(sock):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def _stats_until(pool: WorkerPool, pred, within: float = 5.0) -> dict:
+    async with asyncio.timeout(within):
+        while True:
+            stats = {w.worker_id: w.stats for w in pool.workers}
+            if all(stats.values()) and pred(stats):
+                return stats
+            await asyncio.sleep(0.05)
+
+
+async def test_both_workers_accept_and_relay_to_the_echo_server(
+    make_pool, pod_netns, echo_port, clients
+):
+    pool = await make_pool(2)
+    await _serve(pool, pod_netns, echo_port)
+
+    async def one(i: int) -> None:
+        sock = await _connect(pod_netns, clients)
+        assert await _echo(sock, b"ping %d" % i) == b"ping %d" % i
+        sock.close()
+
+    for batch in range(10):
+        await asyncio.gather(*(one(batch * 20 + i) for i in range(20)))
+    stats = await _stats_until(pool, lambda s: sum(x.accepted_total for x in s.values()) == 200)
+    per_worker = {wid: s.accepted_total for wid, s in stats.items()}
+    assert all(n > 0 for n in per_worker.values()), per_worker
+    assert sum(s.failed_total for s in stats.values()) == 0
+
+
+async def test_killed_worker_is_replaced_quickly_and_only_its_connections_are_lost(
+    make_pool, pod_netns, echo_port, clients
+):
+    pool = await make_pool(2)
+    await _serve(pool, pod_netns, echo_port)
+    socks = [await _connect(pod_netns, clients) for _ in range(30)]
+    for i, sock in enumerate(socks):
+        assert await _echo(sock, b"hello %d" % i) == b"hello %d" % i
+    stats = await _stats_until(pool, lambda s: sum(x.open_connections for x in s.values()) == 30)
+    victim = next(w for w in pool.workers if stats[w.worker_id].open_connections > 0)
+    doomed = stats[victim.worker_id].open_connections
+
+    t0 = time.monotonic()
+    os.kill(victim.pid, signal.SIGKILL)  # a PID this test's pool started
+    async with asyncio.timeout(2.0):
+        while not any(  # noqa: ASYNC110 - polling another process
+            w.worker_id == victim.worker_id and w.pid != victim.pid and w.ready
+            for w in pool.workers
+        ):
+            await asyncio.sleep(0.01)
+    assert time.monotonic() - t0 < 2.0
+    assert pool.restarts == 1
+    assert pool.exits[-1].pid == victim.pid
+    assert pool.exits[-1].status == -signal.SIGKILL
+
+    dead = [await _probe_dead(sock) for sock in socks]
+    assert sum(dead) == doomed
+    for i, sock in enumerate(socks):
+        if not dead[i]:
+            assert await _echo(sock, b"still %d" % i) == b"still %d" % i
+
+    # The replacement got the listener and the state: it serves new connections.
+    await _stats_until(pool, lambda s: s[victim.worker_id].listeners == 1)
+    for i in range(20):
+        sock = await _connect(pod_netns, clients)
+        assert await _echo(sock, b"new %d" % i) == b"new %d" % i
+
+
+async def test_removed_listener_stops_accepting_and_drains_its_connections(
+    make_pool, pod_netns, echo_port, clients
+):
+    pool = await make_pool(2)
+    await _serve(pool, pod_netns, echo_port)
+    await _serve(pool, pod_netns, echo_port, port=4141, lid="old")
+    old_conn = await _connect(pod_netns, clients, port=4141)
+    assert await _echo(old_conn, b"before") == b"before"
+
+    assert pool.remove_listener("old", drain_s=1.0)
+    assert pool.listener_ids == ["out"]
+    # Within its drain time the old connection still works...
+    assert await _echo(old_conn, b"draining") == b"draining"
+    # ...new connections to the old port are refused once every worker closed it...
+    async with asyncio.timeout(3):
+        while True:
+            try:
+                await _connect(pod_netns, clients, port=4141)
+            except ConnectionRefusedError:
+                break
+            await asyncio.sleep(0.05)
+    # ...and after the drain time the old connection is cut.
+    assert await _dies_within(old_conn, within=3.0)
+    sock = await _connect(pod_netns, clients)
+    assert await _echo(sock, b"other listener") == b"other listener"
+
+
+async def _slow_transfer(sock: socket.socket, chunks: int, pause: float) -> bytes:
+    got = b""
+    for i in range(chunks):
+        got += await _echo(sock, b"chunk %02d;" % i)
+        await asyncio.sleep(pause)
+    sock.shutdown(socket.SHUT_WR)
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(5):
+        assert await loop.sock_recv(sock, 1) == b""  # the relay passed our EOF and closed
+    return got
+
+
+async def test_drain_lets_a_slow_transfer_finish_then_workers_exit_zero(
+    make_pool, pod_netns, echo_port, clients
+):
+    pool = await make_pool(2)
+    await _serve(pool, pod_netns, echo_port)
+    sock = await _connect(pod_netns, clients)
+    transfer = asyncio.ensure_future(_slow_transfer(sock, chunks=10, pause=0.1))
+    await asyncio.sleep(0.2)
+    t0 = time.monotonic()
+    statuses = await pool.drain(grace=5.0)
+    elapsed = time.monotonic() - t0
+    got = await transfer
+    assert got == b"".join(b"chunk %02d;" % i for i in range(10))
+    assert sorted(statuses.values()) == [0, 0]
+    assert 0.5 < elapsed < 5.0  # waited for the transfer, not for the whole grace
+    assert pool.pids == []
+
+
+async def test_sigterm_drains_one_worker_which_exits_zero_and_is_replaced(
+    make_pool, pod_netns, echo_port, clients
+):
+    pool = await make_pool(1)
+    await _serve(pool, pod_netns, echo_port)
+    sock = await _connect(pod_netns, clients)
+    assert await _echo(sock, b"hi") == b"hi"
+    (pid,) = pool.pids
+    transfer = asyncio.ensure_future(_slow_transfer(sock, chunks=6, pause=0.1))
+    await asyncio.sleep(0.1)
+    os.kill(pid, signal.SIGTERM)  # a PID this test's pool started
+    got = await transfer
+    assert got == b"".join(b"chunk %02d;" % i for i in range(6))
+    async with asyncio.timeout(5):
+        while not (pool.exits and pool.exits[-1].pid == pid):  # noqa: ASYNC110 - another process
+            await asyncio.sleep(0.02)
+    assert pool.exits[-1].status == 0
+    await pool.wait_ready(timeout=5)
+    assert pool.pids != [pid]
+
+
+async def test_handler_exception_ends_only_its_own_connection(
+    make_pool, pod_netns, echo_port, clients
+):
+    pool = await make_pool(1)  # one worker: every connection is on the same process
+    await _serve(pool, pod_netns, echo_port)
+    await _serve(pool, pod_netns, echo_port, port=4142, lid="boom")
+    (pid,) = pool.pids
+    good = await _connect(pod_netns, clients)
+    assert await _echo(good, b"one") == b"one"
+    for _ in range(5):
+        bad = await _connect(pod_netns, clients, port=4142)
+        assert await _dies_within(bad, within=3.0)
+    assert await _echo(good, b"two") == b"two"
+    assert pool.pids == [pid]
+    stats = await _stats_until(pool, lambda s: s[0].failed_total == 5)
+    assert stats[0].accepted_total == 6
+
+
+async def test_worker_need_reaches_the_supervisor_and_state_answers_it(
+    make_pool, pod_netns, echo_port, clients
+):
+    needs: list[tuple[int, Need]] = []
+    pool: WorkerPool | None = None
+
+    def on_need(worker_id: int, need: Need) -> None:
+        needs.append((worker_id, need))
+        assert pool is not None
+        pool.broadcast(StateUpdate(key=need.key, value="open"))
+
+    pool = await make_pool(1, on_need=on_need)
+    await _serve(pool, pod_netns, echo_port, port=4144, lid="need")
+    sock = await _connect(pod_netns, clients, port=4144)
+    assert await _echo(sock, b"after need") == b"after need"
+    assert needs == [(0, Need(kind="test", key="need-gate"))]
+
+
+SO_NETNS_COOKIE = 71  # linux/asm-generic/socket.h; Python has no constant for it
+
+
+def _cookie(sock: socket.socket) -> int:
+    return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
+
+
+def test_pod_listeners_are_bound_inside_the_pod_namespace(pod_netns):
+    listeners = open_pod_listeners(pod_netns, outbound_port=4140, inbound_port=4143)
+    probe = netns.socket_in(pod_netns)
+    host = socket.socket()
+    try:
+        assert _cookie(listeners.outbound) == _cookie(probe) != _cookie(host)
+        assert _cookie(listeners.inbound) == _cookie(probe)
+        assert listeners.outbound.getsockname() == ("127.0.0.1", 4140)
+        assert listeners.inbound.getsockname() == ("0.0.0.0", 4143)
+        assert listeners.outbound.getblocking() is False
+        assert listeners.outbound.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 1
+        out = subprocess.run(
+            ["ip", "netns", "exec", Path(pod_netns).name, "ss", "-ltnH"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        backlogs = {line.split()[3]: int(line.split()[2]) for line in out.splitlines()}
+        assert backlogs == {"127.0.0.1:4140": 1024, "0.0.0.0:4143": 1024}
+    finally:
+        listeners.close()
+        probe.close()
+        host.close()
+
+
+def test_listener_port_in_use_raises_listener_error_naming_the_namespace(pod_netns):
+    first = open_listener(pod_netns, "127.0.0.1", 4150)
+    try:
+        with pytest.raises(ListenerError, match=f"netns {pod_netns}: listen 127.0.0.1:4150"):
+            open_listener(pod_netns, "127.0.0.1", 4150)
+    finally:
+        first.close()
+
+
+async def test_upstream_sockets_are_marked_and_in_the_pod_namespace(pod_netns):
+    probe = netns.socket_in(pod_netns)
+    upstreams = UpstreamSockets(0x539)
+    one = upstream_socket(pod_netns, 0x539)
+    try:
+        socks = [await upstreams.get(pod_netns) for _ in range(UpstreamSockets.BATCH * 2 + 1)]
+        for sock in [one, *socks]:
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_MARK) == 0x539
+            assert _cookie(sock) == _cookie(probe)
+            assert sock.getblocking() is False
+            sock.close()
+    finally:
+        upstreams.close()
+        probe.close()
+
+
+async def test_worker_whose_supervisor_channel_closes_drains_and_exits_zero(make_pool):
+    pool = await make_pool(1)
+    (proc,) = pool._procs.values()
+    pool._closing = True  # no replacement: we only watch the orphan's way out
+    assert proc.channel is not None
+    proc.channel.close()  # as if the supervisor were gone
+    async with asyncio.timeout(5):
+        status = await proc.exited
+    assert status == 0
+
+
+async def test_default_handler_relays_a_redirected_connection_to_its_original_destination(
+    make_pool, pod_netns, clients
+):
+    """The real outbound path: iptables REDIRECT, SO_ORIGINAL_DST, a marked upstream socket."""
+
+    def in_pod(*argv: str) -> None:
+        subprocess.run(["ip", "netns", "exec", Path(pod_netns).name, *argv], check=True)
+
+    in_pod("ip", "addr", "add", "10.9.9.9/32", "dev", "lo")
+    # Capture the app's connections to 10.9.9.9:80, but not the proxy's own (marked) ones.
+    in_pod(
+        "iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", "10.9.9.9",
+        "--dport", "80", "-m", "mark", "!", "--mark", "0x539",
+        "-j", "REDIRECT", "--to-ports", str(OUT_PORT),
+    )  # fmt: skip
+    service = netns.socket_in(pod_netns)
+    service.bind(("10.9.9.9", 80))
+    service.listen(16)
+    service.setblocking(False)
+    server = await asyncio.get_running_loop().create_server(_Echo, sock=service)
+    try:
+        pool = await make_pool(1, plugins=())  # no plugin: the default handler and resolver
+        sock = open_listener(pod_netns, "127.0.0.1", OUT_PORT)
+        pool.add_listener(
+            listener_id="out", pod="shop/web-1", kind=ListenerKind.OUTBOUND,
+            netns=pod_netns, sock=sock,
+        )  # fmt: skip
+        app = await netns.run_in_async(pod_netns, socket.socket)
+        clients.append(app)
+        app.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(app, ("10.9.9.9", 80))
+        assert await _echo(app, b"via the proxy") == b"via the proxy"
+        # A direct connection to the listener resolves to itself and is refused.
+        direct = await _connect(pod_netns, clients)
+        assert await _dies_within(direct, within=3.0)
+        stats = await _stats_until(
+            pool, lambda s: s[0].accepted_total == 2 and s[0].failed_total == 1
+        )
+        assert stats[0].open_connections == 1  # the app's relay, still open
+    finally:
+        server.close()
+        await server.wait_closed()
