@@ -1,1 +1,9 @@
-"""meshagent.admin."""
+"""meshagent.admin: the node's admin server and metrics.
+
+metrics.py    every metric family; `WorkerMetrics`, the workers' cheap recorder
+aggregate.py  `MetricsAggregator` (supervisor merge of worker snapshots), `render`, `Exposition`
+node.py       process, node and agent-state metrics (`NodeMetrics`), event-loop lag
+controls.py   readiness gate, log-level specs, config_dump scrubbing (no I/O)
+tap.py        `TapHub`: live events to bounded per-reader rings
+server.py     `AdminServer`: /metrics /live /ready /config_dump /proxy-log-level /tap
+"""

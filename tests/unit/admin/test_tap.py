@@ -1,0 +1,44 @@
+"""Tap fan-out: bounded rings, slow readers drop, filters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.admin.tap import TapFull, TapHub
+
+
+async def test_slow_reader_loses_oldest_and_is_told_how_many():
+    hub = TapHub(capacity=3)
+    with hub.subscribe() as sub:
+        for i in range(10):
+            hub.publish({"n": i})  # never blocks though nobody reads
+        batch = [json.loads(line) for line in await sub.next_batch()]
+    assert batch == [{"dropped": 7}, {"n": 7}, {"n": 8}, {"n": 9}]
+    assert sub.dropped == 7
+    assert hub.subscribers == 0
+
+
+async def test_filters_select_events_per_reader():
+    hub = TapHub()
+    with hub.subscribe({"pod": "web"}) as web, hub.subscribe() as everything:
+        hub.publish({"pod": "web", "n": 1})
+        hub.publish({"pod": "db", "n": 2})
+        assert [json.loads(x)["n"] for x in await web.next_batch()] == [1]
+        assert [json.loads(x)["n"] for x in await everything.next_batch()] == [1, 2]
+
+
+def test_publish_without_readers_costs_nothing():
+    hub = TapHub()
+    hub.publish({"n": 1})
+    assert hub.published == 0
+
+
+def test_reader_limit():
+    hub = TapHub(max_subscribers=1)
+    sub = hub.subscribe()
+    with pytest.raises(TapFull):
+        hub.subscribe()
+    sub.close()
+    hub.subscribe().close()
