@@ -378,6 +378,175 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+# === run ======================================================================
+
+
+def _noun_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agent import config  # noqa: PLC0415 - lazy, see module docstring
+    from agent.redirect import iptables  # noqa: PLC0415
+    from agent.supervisor.settings import RUN_OPTIONS  # noqa: PLC0415
+
+    help_ = "run the node agent: capture meshed pods, serve them from a worker pool"
+    parser = sub.add_parser("run", help=help_, description=help_)
+    config.add_options(parser, RUN_OPTIONS)
+    parser.add_argument(
+        "--cleanup-on-exit",
+        action="store_true",
+        default=os.environ.get("MESHAGENT_CLEANUP_ON_EXIT", "") in ("1", "true"),
+        help="unenroll every pod on exit (tests); by default redirects stay for the next run",
+    )
+    iptables.add_options(parser)
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from agent import aio, config  # noqa: PLC0415 - lazy, see module docstring
+    from agent.redirect import iptables  # noqa: PLC0415
+    from agent.supervisor.core import Supervisor  # noqa: PLC0415
+    from agent.supervisor.settings import RUN_OPTIONS, RunSettings  # noqa: PLC0415
+
+    values = config.resolve(args, os.environ, RUN_OPTIONS)
+    values["cleanup_on_exit"] = args.cleanup_on_exit
+    settings = RunSettings.from_values(values, log_level=args.log_level)
+    redirect = iptables.resolve_settings(args, os.environ)
+    supervisor = Supervisor(
+        settings,
+        registry=redirect.registry,
+        iptables_mode=redirect.iptables_mode,
+        iptables_writer=redirect.iptables_writer,
+    )
+    return aio.run(supervisor.run())
+
+
+# === sandbox ==================================================================
+
+
+def _noun_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    verbs = _verbs(sub, "sandbox", "the whole mesh on this machine: nodes, pods, agents, traffic")
+    up = verbs.add_parser("up", help="build the sandbox (idempotent)")
+    up.add_argument("--manifests", metavar="DIR", help="manifests folder (default: examples/)")
+    up.add_argument("--nodes", type=int, default=2, help="simulated nodes (default 2)")
+    up.add_argument("--redirect", choices=["iptables", "ebpf", "auto"], default="auto")
+    up.add_argument("--identity-dir", metavar="DIR", help="existing PKI (default: made in /run)")
+    up.add_argument("--no-agents", action="store_true", help="pods without the mesh")
+    when = up.add_mutually_exclusive_group()
+    when.add_argument(
+        "--duration", type=float, metavar="S", help="drive traffic S seconds, then down"
+    )
+    when.add_argument("--detach", action="store_true", help="return once ready, leave it running")
+    up.set_defaults(handler=_sandbox_up)
+    st = verbs.add_parser("status", help="nodes, agents and pods")
+    _output_flag(st)
+    st.set_defaults(handler=_sandbox_status)
+    dn = verbs.add_parser("down", help="remove everything the sandbox made")
+    dn.set_defaults(handler=_sandbox_down)
+
+
+def _sandbox_up(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415 - lazy, see module docstring
+
+    from agent.sandbox import run  # noqa: PLC0415
+
+    opts = run.UpOptions(
+        manifests=Path(args.manifests) if args.manifests else run.EXAMPLES,
+        nodes=args.nodes,
+        redirect=args.redirect,
+        duration=args.duration,
+        detach=args.detach,
+        identity_dir=Path(args.identity_dir) if args.identity_dir else None,
+        agents=False if args.no_agents else None,
+        progress=lambda msg: print(f"  {msg}", flush=True),
+    )
+    print("meshagent sandbox: building", flush=True)
+    info = run.up(opts)
+    print(run.hints(info))
+    if opts.detach:
+        return 0
+    return run.foreground(opts)
+
+
+def _sandbox_status(args: argparse.Namespace) -> int:
+    """Exit 1 when no sandbox is up."""
+    from agent.render import table  # noqa: PLC0415 - lazy, see module docstring
+    from agent.sandbox import run  # noqa: PLC0415
+
+    info = run.status()
+    if args.output != "table":
+        _print(info, args)
+    else:
+        print(f"sandbox: {'up' if info['up'] else 'down'} (redirect {info.get('redirect')})")
+        for key in ("nodes", "agents", "pods"):
+            if info[key]:
+                print(f"\n{key.upper()}\n{table(info[key])}")
+    return 0 if info["up"] else 1
+
+
+def _sandbox_down(_args: argparse.Namespace) -> int:
+    """Exit 1 when something could not be removed (each is printed)."""
+    from agent.sandbox import run  # noqa: PLC0415 - lazy, see module docstring
+
+    errors = run.down(lambda msg: print(f"  {msg}", flush=True))
+    for err in errors:
+        print(f"meshagent: sandbox down: {err}", file=sys.stderr)
+    print("sandbox: down" if not errors else "sandbox: down, with errors")
+    return 1 if errors else 0
+
+
+# === bench ====================================================================
+
+
+def _noun_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    help_ = "benchmark meshagent against direct and HAProxy in one run, reported as ratios"
+    parser = sub.add_parser("bench", help=help_, description=help_)
+    parser.add_argument("--quick", action="store_true", help="short loads (about two minutes)")
+    parser.add_argument("--setups", metavar="A,B", help="setups to run (default: all)")
+    parser.add_argument("--loads", metavar="X,Y", help="loads (http1-rate picks every rate)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        metavar="S",
+        default=float(os.environ.get("MESHAGENT_BENCH_DURATION", "0")) or None,
+        help="seconds per load; env MESHAGENT_BENCH_DURATION",
+    )
+    parser.add_argument("--out", metavar="DIR", help="write bench.json and bench.png here")
+    _output_flag(parser, ("table", "json"))
+    parser.set_defaults(handler=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json  # noqa: PLC0415 - lazy, see module docstring
+    from pathlib import Path  # noqa: PLC0415
+
+    from agent.bench import harness, report  # noqa: PLC0415
+    from agent.errors import SettingError  # noqa: PLC0415
+    from agent.render import table  # noqa: PLC0415
+
+    try:
+        opts = harness.Options.make(
+            quick=args.quick, setups_=args.setups, loads_=args.loads, duration_s=args.duration
+        )
+    except ValueError as exc:
+        raise SettingError("--setups/--loads", f"{args.setups},{args.loads}", str(exc)) from None
+    quiet = args.output == "json"
+    doc = harness.run(opts, progress=None if quiet else lambda m: print(f"  {m}", flush=True))
+    out = Path(args.out) if args.out else Path.cwd()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if quiet:
+        print(json.dumps(doc, indent=1))
+        return 0
+    why_not = report.plot(doc, str(out / "bench.png"))
+    print(table(report.table_rows(doc)))
+    print("\nratios (meshagent / peer):")
+    for key, value in doc["ratios"].items():
+        print(f"  {key} = {value}")
+    for key, value in doc["memory"].items():
+        print(f"  memory {key}: {value}")
+    for note in [*doc["notes"], why_not or f"plot: {out / 'bench.png'}", f"json: {out}/bench.json"]:
+        print(f"note: {note}")
+    return 0
+
+
 # === NOUNS (keep last) ========================================================
 
 NOUNS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
@@ -385,4 +554,7 @@ NOUNS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None
     _noun_redirects,
     _noun_check,
     _noun_certs,
+    _noun_run,
+    _noun_sandbox,
+    _noun_bench,
 ]

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from agent.proxy.accrual import AccrualPolicy, FailureAccrual, Rng, State
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Collection, Iterable
 
     from agent.proxy.model import Endpoint
 
@@ -176,13 +176,25 @@ class Balancer:
         self._items = list(by_addr.values())
         self._unhealthy = sum(1 for s in self._items if s.accrual.state is not State.HEALTHY)
 
-    def pick(self, now: float, rng: Rng) -> Handle | None:
-        """Choose an endpoint for one request; None when there are no endpoints."""
+    def pick(
+        self, now: float, rng: Rng, avoid: Collection[tuple[str, int]] = ()
+    ) -> Handle | None:
+        """Choose an endpoint for one request; None when there are no endpoints.
+
+        `avoid`: addresses already tried by this request (retries). They are
+        skipped while any other candidate remains, so a retry does not go back
+        to the endpoint that just failed (a fast-failing endpoint otherwise has
+        the lowest latency cost and would win every pick).
+        """
         candidates = self._items
         if self._unhealthy:
             available = [s for s in candidates if s.accrual.available(now)]
             if available:
                 candidates = available
+        if avoid:
+            others = [s for s in candidates if s.endpoint.addr not in avoid]
+            if others:
+                candidates = others
         n = len(candidates)
         if n == 0:
             return None

@@ -55,7 +55,7 @@ class WorkerOptions:
     idle_timeout_s: float = 3600.0
     connect_timeout_s: float = 5.0
     stats_interval_s: float = 5.0
-    plugins: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = ("agent.proxy.dataplane",)  # the mesh data path
     log_level: str = "info"
     python: str = sys.executable
     env: Mapping[str, str] | None = None

@@ -19,6 +19,11 @@ Keys:
     ("tls", identity)             -> TlsMaterial       certificate + key of one service account
     ("trust",)                    -> bytes             trust bundle PEM (anchors)
     ("node",)                     -> NodeInfo          this node
+
+Additions (data path, agent.proxy.inbound): `NodeInfo.default_inbound_policy`
+and `NodeInfo.cluster_networks` say which of Linkerd's default policies an
+inbound port uses until its `("policy", ...)` value arrives (Linkerd's
+`config.linkerd.io/default-inbound-policy`, default `all-unauthenticated`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agent.policy.model import DEFAULT_CLUSTER_NETWORKS
 from agent.proxy.model import Endpoint, Profile
 
 POD = "pod"
@@ -47,6 +53,9 @@ class NodeInfo:
     cluster_domain: str = "cluster.local"
     control_ns: str = "linkerd"
     trust_domain: str = "cluster.local"
+    # Used by inbound until a port's policy arrives; one of DEFAULT_POLICY_NAMES.
+    default_inbound_policy: str = "all-unauthenticated"
+    cluster_networks: tuple[str, ...] = DEFAULT_CLUSTER_NETWORKS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -195,3 +195,22 @@ def test_removed_unhealthy_endpoint_does_not_count_as_ejected():
 def test_bad_settings_are_rejected():
     with pytest.raises(ValueError):
         Balancer(decay_s=0)
+
+
+def test_pick_avoids_endpoints_this_request_already_tried():
+    # A fast-failing endpoint has the lowest latency cost; a retry must still go elsewhere.
+    import random
+
+    from agent.proxy.balance import Balancer
+    from agent.proxy.model import Endpoint
+
+    bal = Balancer([Endpoint(addr=("10.0.0.1", 80)), Endpoint(addr=("10.0.0.2", 80))])
+    rng = random.Random(1)
+    for _ in range(50):
+        h = bal.pick(0.0, rng, avoid=[("10.0.0.1", 80)])
+        assert h is not None
+        assert h.endpoint.addr == ("10.0.0.2", 80)
+        h.cancel()
+    only = bal.pick(0.0, rng, avoid=[("10.0.0.1", 80), ("10.0.0.2", 80)])
+    assert only is not None  # everything tried: still pick one rather than fail
+    only.cancel()

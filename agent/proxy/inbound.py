@@ -1,0 +1,424 @@
+"""The inbound handler: traffic that reached a pod's inbound listener (B's :4143).
+
+Flow per connection (DESIGN.md "Flows", inbound):
+1. Target port = the original destination port (`worker.resolve_target`:
+   SO_ORIGINAL_DST in iptables mode; in eBPF sk_lookup mode the accepted
+   socket's local address). A connection that was not redirected (straight
+   to 4143) is refused.
+2. The first bytes decide TLS: a ClientHello whose SNI is B's identity is
+   terminated with B's certificate, a client certificate is required and
+   verified, and the verified identity is the client's. Anything else is
+   plaintext and the client unauthenticated; a ClientHello for another name
+   is passed through, opaque, to the app.
+3. B's policy for the port (`("policy", pod, port)`) authorizes: opaque TCP
+   (and HTTP/2, relayed opaque for now) once per connection, a denied
+   connection is closed; HTTP/1 per request, a denied request gets 403 (gRPC:
+   status 7 with HTTP 200). `l5d-client-id` is set from the verified identity;
+   a client-sent copy is always removed.
+4. Allowed traffic goes to B's app at B's pod IP and the original port, from
+   a socket made inside B's netns with the proxy mark (so capture skips it).
+   Chosen over 127.0.0.1 as Linkerd does since 2.11 (linkerd2#6495): ports
+   the app binds only on loopback are not exposed through the proxy, and apps
+   that bind the pod IP only are reachable.
+5. Until a port's policy arrives the connection waits up to
+   `POLICY_WAIT_S`, then the node's default policy applies
+   (`NodeInfo.default_inbound_policy`, Linkerd's `all-unauthenticated` by
+   default); an invalid policy denies. Live TCP connections are re-checked
+   when the policy value changes (agent.proxy.plane rule 3).
+
+The same-node path of outbound uses `authorize_request`, `app_target` and
+`relay_to_app` with the calling pod's identity (tls=True, authenticated).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from agent.errors import AgentError
+from agent.identity.tls import peer_identity
+from agent.policy.authorize import Decision, Facts, authorize
+from agent.policy.model import ProxyProtocol, ServerPolicy
+from agent.proxy import http1, httpproxy
+from agent.proxy import worker as worker_mod
+from agent.proxy.detect import NEED_MORE, NeedMore, Protocol, detect, is_tls_client_hello, parse_sni
+from agent.proxy.plane import Guard, Plane, plane_of, read_prefix
+from agent.proxy.record import recorder
+from agent.proxy.state import NODE, POD, POLICY, TLS, NodeInfo, PodInfo
+from agent.proxy.tlsio import TlsHandshakeError, TlsTransport
+from agent.proxy.upstream import UpstreamError, open_transport, start_relay
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Hashable
+
+    from agent.proxy.worker import Conn, Worker
+
+logger = logging.getLogger(__name__)
+
+DIRECTION = "inbound"
+POLICY_WAIT_S = 1.0
+POD_WAIT_S = 2.0
+TLS_SNIFF_TIMEOUT_S = 10.0
+OPAQUE_SNIFF_TIMEOUT_S = 1.0  # server-speaks-first apps on opaque ports wait this long at most
+HANDSHAKE_TIMEOUT_S = 10.0
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class _Plain:
+    """Verdict of the TLS sniff: not a ClientHello."""
+
+
+_PLAIN = _Plain()
+
+
+def _sniff_tls(buf: bytes, eof: bool) -> str | _Plain | NeedMore | None:
+    """SNI of a ClientHello (None: a hello without SNI), `_PLAIN`, or NEED_MORE."""
+    hello = is_tls_client_hello(buf)
+    if hello is NEED_MORE:
+        return _PLAIN if eof else NEED_MORE
+    if not hello:
+        return _PLAIN
+    sni = parse_sni(buf)
+    if sni is NEED_MORE:
+        return None if eof else NEED_MORE
+    return sni
+
+
+def _detect(buf: bytes, eof: bool) -> Protocol | NeedMore:
+    return detect(buf, eof=eof)
+
+
+# --- policy ----------------------------------------------------------------------
+
+
+def default_policy(worker: Worker) -> ServerPolicy:
+    """The policy used while a port's policy is unknown (see rule 5)."""
+    node: NodeInfo | None = worker.state.get((NODE,))
+    if node is None:
+        return ServerPolicy.default("all-unauthenticated")
+    try:
+        return ServerPolicy.default(
+            node.default_inbound_policy, cluster_networks=node.cluster_networks
+        )
+    except ValueError:
+        return ServerPolicy.invalid()
+
+
+async def current_policy(worker: Worker, key: Hashable) -> ServerPolicy:
+    """The policy at `key`, waiting `POLICY_WAIT_S` for a first answer, else the default."""
+    value = worker.state.get(key)
+    if value is None:
+        try:
+            value = await worker.state.want(key, kind=POLICY, wait_s=POLICY_WAIT_S)
+        except TimeoutError:
+            logger.info("no policy yet, using the default", extra={"policy": str(key)})
+            return default_policy(worker)
+    return value if isinstance(value, ServerPolicy) else ServerPolicy.invalid()
+
+
+def _labels(pod: PodInfo, port: int, identity: str | None, *, tls: bool) -> dict[str, str]:
+    return {
+        "direction": DIRECTION,
+        "namespace": pod.namespace,
+        "pod": pod.name,
+        "target_port": str(port),
+        "tls": "true" if tls else "no_identity",
+        "client_id": identity or "",
+    }
+
+
+def _is_grpc(headers: http1.Headers) -> bool:
+    ctype = http1.get_header(headers, b"content-type")
+    return ctype is not None and ctype.lower().startswith(b"application/grpc")
+
+
+def path_of(target: bytes) -> str:
+    """The path of a request target (origin- or absolute-form), query excluded."""
+    text = target.decode("latin-1")
+    if not text.startswith("/") and "://" in text:  # absolute-form: scheme://authority/path
+        rest = text.partition("://")[2]
+        slash = rest.find("/")
+        text = rest[slash:] if slash >= 0 else "/"
+    return text.partition("?")[0]
+
+
+def deny_answer(decision: Decision, headers: http1.Headers) -> httpproxy.Reject:
+    """403 (404 for no route) with `l5d-proxy-error`, or gRPC PERMISSION_DENIED."""
+    message = f"unauthorized request on server {decision.server.name}: {decision.reason.value}"
+    if _is_grpc(headers):
+        return httpproxy.reject(200, message, grpc=http1.GRPC_PERMISSION_DENIED)
+    return httpproxy.reject(decision.http_status, message)
+
+
+def authorize_request(  # noqa: PLR0913 - the facts of one request
+    worker: Worker,
+    policy_key: Hashable,
+    head: http1.RequestHead,
+    *,
+    client_ip: IPAddress,
+    identity: str | None,
+    tls: bool,
+    port: int,
+    labels: dict[str, str],
+) -> httpproxy.Reject | None:
+    """Authorize one HTTP request with the current policy: None if allowed, else the answer."""
+    policy = worker.state.get(policy_key)
+    if not isinstance(policy, ServerPolicy):
+        policy = default_policy(worker) if policy is None else ServerPolicy.invalid()
+    facts = Facts(
+        client_ip=client_ip,
+        client_identity=identity,
+        tls=tls,
+        dst_port=port,
+        method=head.method.decode("latin-1"),
+        path=path_of(head.target),
+    )
+    decision = authorize(policy, facts)
+    recorder().authz({**labels, **decision.labels()}, allowed=decision.allowed, http=True)
+    if decision.allowed:
+        return None
+    return deny_answer(decision, head.headers)
+
+
+def app_target(worker: Worker, pod: PodInfo, port: int, identity: str | None) -> httpproxy.Target:
+    """The pooled upstream to B's app (pod IP, original port, from B's netns)."""
+    addr = (pod.ip, port)
+
+    async def opener(factory: Any) -> tuple[asyncio.Transport, Any]:
+        return await open_transport(worker, factory, netns=pod.netns, addr=addr)
+
+    def rewrite(headers: http1.Headers) -> http1.Headers:
+        return http1.set_client_id(headers, identity)
+
+    return httpproxy.Target(key=("app", pod.netns, addr), open=opener, rewrite=rewrite)
+
+
+class InboundRouter:
+    """Per-request authorization, then B's app."""
+
+    direction = DIRECTION
+
+    def __init__(  # noqa: PLR0913 - the facts of one connection
+        self,
+        worker: Worker,
+        pod: PodInfo,
+        port: int,
+        *,
+        client_ip: IPAddress,
+        identity: str | None,
+        tls: bool,
+    ) -> None:
+        self.worker = worker
+        self.pod = pod
+        self.port = port
+        self.client_ip = client_ip
+        self.identity = identity
+        self.tls = tls
+        self.policy_key = (POLICY, pod.key, port)
+        self.labels = _labels(pod, port, identity, tls=tls)
+        self.target = app_target(worker, pod, port, identity)
+        self.target.labels = self.labels
+
+    async def plan(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
+        denied = authorize_request(
+            self.worker,
+            self.policy_key,
+            head,
+            client_ip=self.client_ip,
+            identity=self.identity,
+            tls=self.tls,
+            port=self.port,
+            labels=self.labels,
+        )
+        if denied is not None:
+            return denied
+        return httpproxy.Plan(choose=self._choose, labels=self.labels)
+
+    async def _choose(self, attempt: int) -> httpproxy.Target:  # noqa: ARG002 - Plan API
+        return self.target
+
+
+async def relay_to_app(  # noqa: PLR0913 - the facts of one connection
+    conn: Conn,
+    transport: asyncio.Transport,
+    pod: PodInfo,
+    port: int,
+    facts: Facts,
+    *,
+    prefix: bytes,
+    eof: bool,
+) -> None:
+    """Authorize a TCP connection once; relay it to B's app and guard it, or close it."""
+    worker = conn.worker
+    plane = plane_of(worker)
+    key = (POLICY, pod.key, port)
+    policy = await current_policy(worker, key)
+    labels = _labels(pod, port, facts.client_identity, tls=facts.tls)
+    decision = authorize(policy, facts)
+    recorder().authz({**labels, **decision.labels()}, allowed=decision.allowed, http=False)
+    if not decision.allowed:
+        logger.info(
+            "connection denied",
+            extra={**conn.log_extra(), "port": port, "reason": decision.reason.value},
+        )
+        transport.abort()
+        return
+    started = time.monotonic()
+    recorder().tcp_open(DIRECTION, labels)
+    relay = await start_relay(
+        worker, transport, netns=pod.netns, addr=(pod.ip, port), prefix=prefix, eof=eof
+    )
+    conn.relay = relay
+    plane.guard(
+        Guard(
+            policy_key=key,
+            policy=policy,
+            facts=facts,
+            relay=relay,
+            default=default_policy(worker),
+            labels=labels,
+        )
+    )
+    try:
+        await relay.wait()
+    finally:
+        if not relay.done.done():
+            relay.abort()
+        recorder().tcp_close(
+            DIRECTION,
+            labels,
+            bytes_in=relay.bytes_up,
+            bytes_out=relay.bytes_down,
+            duration_s=time.monotonic() - started,
+        )
+
+
+# --- the handler ---------------------------------------------------------------------
+
+
+async def _pod(worker: Worker, key: str) -> PodInfo | None:
+    pod = worker.state.get((POD, key))
+    if pod is None:
+        try:
+            pod = await worker.state.want((POD, key), kind=POD, wait_s=POD_WAIT_S)
+        except TimeoutError:
+            return None
+    return pod if isinstance(pod, PodInfo) else None
+
+
+def _target_port(conn: Conn) -> int:
+    try:
+        return worker_mod.resolve_target(conn)[1]
+    except (OSError, AgentError):
+        return conn.local[1]
+
+
+async def handle(conn: Conn) -> None:
+    """Serve one connection accepted on a pod's inbound listener (see the module rules)."""
+    worker = conn.worker
+    pod = await _pod(worker, conn.listener.pod)
+    if pod is None:
+        logger.warning("inbound for an unknown pod, closing", extra=conn.log_extra())
+        return
+    port = _target_port(conn)
+    if port == conn.local[1]:
+        logger.info("connection to the inbound port itself, closing", extra=conn.log_extra())
+        return
+    plane = plane_of(worker)
+    policy = await current_policy(worker, (POLICY, pod.key, port))
+    opaque = policy.protocol is ProxyProtocol.OPAQUE or port in pod.opaque_ports
+    sniff_s = OPAQUE_SNIFF_TIMEOUT_S if opaque else TLS_SNIFF_TIMEOUT_S
+    transport: asyncio.Transport = conn.transport
+    sni, prefix, eof = await read_prefix(
+        transport, bytes(conn.held.prefix), eof=conn.held.eof, decide=_sniff_tls, timeout=sniff_s
+    )
+    client_ip = ipaddress.ip_address(conn.peer[0])
+    identity: str | None = None
+    tls = False
+    if isinstance(sni, str) and sni == pod.identity:
+        terminated = await _terminate(conn, plane, pod, prefix)
+        if terminated is None:
+            return
+        transport, identity = terminated
+        tls, prefix, eof = True, b"", False
+    elif isinstance(sni, str) or (sni is None and is_tls_client_hello(prefix) is True):
+        opaque = True  # TLS for someone else: pass through untouched
+    await _serve(
+        conn,
+        transport,
+        pod,
+        port,
+        policy,
+        opaque=opaque,
+        prefix=prefix,
+        eof=eof,
+        facts=Facts(client_ip=client_ip, client_identity=identity, tls=tls, dst_port=port),
+    )
+
+
+async def _terminate(
+    conn: Conn, plane: Plane, pod: PodInfo, prefix: bytes
+) -> tuple[asyncio.Transport, str] | None:
+    """Terminate mTLS as B; the TLS transport and the verified client identity, or None."""
+    material = conn.worker.state.get((TLS, pod.identity))
+    try:
+        ctx = plane.tls.server(material, pod.identity, now=time.time())
+    except UpstreamError as exc:
+        logger.warning(
+            "cannot terminate tls, closing", extra={**conn.log_extra(), "error": str(exc)}
+        )
+        return None
+    tlsx = TlsTransport(conn.transport, ctx, server_side=True, initial=prefix)
+    try:
+        await tlsx.handshake(HANDSHAKE_TIMEOUT_S)
+    except TlsHandshakeError as exc:
+        logger.info("tls handshake refused", extra={**conn.log_extra(), "error": exc.reason})
+        tlsx.abort()
+        return None
+    identity = peer_identity(tlsx.get_extra_info("ssl_object"))
+    if identity is None:
+        logger.info("client certificate names no single identity", extra=conn.log_extra())
+        tlsx.abort()
+        return None
+    return tlsx, identity
+
+
+async def _serve(  # noqa: PLR0913 - the facts of one connection
+    conn: Conn,
+    transport: asyncio.Transport,
+    pod: PodInfo,
+    port: int,
+    policy: ServerPolicy,
+    *,
+    opaque: bool,
+    prefix: bytes,
+    eof: bool,
+    facts: Facts,
+) -> None:
+    proto: Protocol | None = Protocol.OPAQUE
+    if not opaque:
+        if policy.protocol is ProxyProtocol.HTTP1:
+            proto = Protocol.HTTP1
+        elif policy.protocol in (ProxyProtocol.HTTP2, ProxyProtocol.GRPC):
+            proto = Protocol.HTTP2
+        else:
+            proto, prefix, eof = await read_prefix(
+                transport, prefix, eof=eof, decide=_detect, timeout=policy.detect_timeout_s
+            )
+    if proto is Protocol.HTTP1:
+        router = InboundRouter(
+            conn.worker,
+            pod,
+            port,
+            client_ip=facts.client_ip,
+            identity=facts.client_identity,
+            tls=facts.tls,
+        )
+        await httpproxy.serve(transport, router, plane_of(conn.worker).pool, prefix, eof=eof)
+        return
+    # Opaque TCP, HTTP/2 (relayed whole for now) or a detect timeout: authorize once.
+    await relay_to_app(conn, transport, pod, port, facts, prefix=prefix, eof=eof)

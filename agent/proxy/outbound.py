@@ -1,0 +1,367 @@
+"""The outbound handler: connections pod A's app made, redirected to A's :4140.
+
+Flow per connection (DESIGN.md "Flows", outbound):
+1. Original destination (`worker.resolve_target`) -> `("dst", "ip:port")`
+   from the state, asking the supervisor once (`Need`) and waiting up to
+   `DST_WAIT_S`. No answer, or `exists=False` (not a mesh service): a plain
+   TCP forward to the original destination from A's netns.
+2. Opaque when the destination, its profile or A's `opaque_ports` say so;
+   else protocol detection on the first bytes (`DETECT_TIMEOUT_S`; no verdict
+   by then: opaque).
+3. HTTP/1 (agent.proxy.httpproxy): per request, `l5d-dst-override` picks the
+   destination (resolved through `("dst", authority)`), the profile route
+   gives timeout, retries and response classes, the destination's `Balancer`
+   picks the endpoint. No endpoints: 503. HTTP/2 prior knowledge and opaque
+   traffic: one balanced endpoint per connection, relayed byte for byte
+   (h2 is not parsed yet; it passes through intact).
+4. The endpoint decides the hop:
+   - on this node (`("pod-ip", ip)` names a pod here, port not skipped by it):
+     no TLS and no network hop; B's inbound policy is applied here with A's
+     identity as a verified client (tls=True), `l5d-client-id` set, and the
+     connection made to B's app from B's netns;
+   - meshed (`tls_identity`): TLS 1.3 with A's certificate (A = the pod
+     whose listener accepted), SNI and exact peer identity = `tls_identity`;
+     no usable certificate: 502 / close (fail closed);
+   - otherwise plain TCP from A's netns.
+   Upstream sockets are made in A's netns with the proxy mark; the peer
+   node's capture sends them to the peer pod's inbound listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from agent.errors import AgentError
+from agent.policy.authorize import Facts
+from agent.proxy import http1, httpproxy, inbound
+from agent.proxy import worker as worker_mod
+from agent.proxy.detect import NeedMore, Protocol, detect
+from agent.proxy.plane import DstEntry, plane_of, read_prefix
+from agent.proxy.profile import match_route
+from agent.proxy.record import recorder
+from agent.proxy.state import DST, POD, POD_IP, POLICY, TLS, Destination, PodInfo
+from agent.proxy.upstream import UpstreamError, open_transport, start_relay
+
+if TYPE_CHECKING:
+    import ssl
+
+    from agent.proxy.model import Endpoint
+    from agent.proxy.worker import Conn, Worker
+
+logger = logging.getLogger(__name__)
+
+DIRECTION = "outbound"
+DST_WAIT_S = 2.0
+DETECT_TIMEOUT_S = 10.0
+
+
+def _detect(buf: bytes, eof: bool) -> Protocol | NeedMore:
+    return detect(buf, eof=eof)
+
+
+class _Hop:
+    """How to reach one endpoint from the source pod: a resolved, reusable recipe."""
+
+    __slots__ = ("addr", "identity", "key", "kind", "netns", "peer", "ssl_ctx")
+
+    def __init__(  # noqa: PLR0913 - plain record
+        self,
+        *,
+        kind: str,
+        key: tuple[Any, ...],
+        netns: str,
+        addr: tuple[str, int],
+        ssl_ctx: ssl.SSLContext | None = None,
+        identity: str | None = None,
+        peer: PodInfo | None = None,
+    ) -> None:
+        self.kind = kind  # "local" (same node), "mtls", "plain"
+        self.key = key
+        self.netns = netns
+        self.addr = addr
+        self.ssl_ctx = ssl_ctx
+        self.identity = identity
+        self.peer = peer
+
+
+def hop_for(worker: Worker, src: PodInfo | None, netns: str, ep: Endpoint) -> _Hop:
+    """The hop to `ep` from the source pod.
+
+    Raises:
+        UpstreamError: the endpoint needs mTLS and the source has no usable certificate.
+    """
+    state = worker.state
+    peer_key = state.get((POD_IP, ep.addr[0]))
+    peer = state.get((POD, peer_key)) if peer_key is not None else None
+    if isinstance(peer, PodInfo) and ep.addr[1] not in peer.skip_inbound_ports:
+        return _Hop(
+            kind="local",
+            key=("app", peer.netns, (peer.ip, ep.addr[1])),
+            netns=peer.netns,
+            addr=(peer.ip, ep.addr[1]),
+            peer=peer,
+        )
+    if ep.tls_identity is None:
+        return _Hop(kind="plain", key=("tcp", netns, ep.addr), netns=netns, addr=ep.addr)
+    if src is None:
+        raise UpstreamError(f"{ep.addr[0]}:{ep.addr[1]}", "source pod has no identity")
+    material = state.get((TLS, src.identity))
+    ctx = plane_of(worker).tls.client(material, src.identity, now=time.time())
+    return _Hop(
+        kind="mtls",
+        key=("tls", src.key, netns, ep.addr, ep.tls_identity),
+        netns=netns,
+        addr=ep.addr,
+        ssl_ctx=ctx,
+        identity=ep.tls_identity,
+    )
+
+
+class OutboundRouter:
+    """Per-request destination, route and endpoint choice for one client connection."""
+
+    direction = DIRECTION
+
+    def __init__(
+        self, conn: Conn, src: PodInfo | None, key: tuple[str, str], dst: Destination
+    ) -> None:
+        self.worker = conn.worker
+        self.plane = plane_of(conn.worker)
+        self.src = src
+        self.netns = conn.listener.netns
+        self.key = key
+        self.dst = dst
+        self.client_ip = ipaddress.ip_address(src.ip) if src is not None else None
+        self.loop = asyncio.get_running_loop()
+
+    async def plan(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
+        key: tuple[str, str] = self.key
+        override = http1.dst_override(head.headers)
+        if override:
+            key = (DST, override)
+            try:
+                dst = await self.worker.state.want(key, kind=DST, wait_s=DST_WAIT_S)
+            except TimeoutError:
+                return httpproxy.reject(503, f"no destination for {override}")
+            if not isinstance(dst, Destination) or not dst.exists:
+                return httpproxy.reject(503, f"{override} is not a mesh destination")
+        else:
+            value = self.worker.state.get(key, self.dst)
+            dst = value if isinstance(value, Destination) else self.dst
+        entry = self.plane.entry(key, dst)
+        route = None
+        if dst.profile is not None and dst.profile.routes:
+            route = match_route(
+                dst.profile, head.method.decode("latin-1"), inbound.path_of(head.target)
+            )
+        labels = {"direction": DIRECTION, "authority": dst.authority or key[1]}
+        if route is not None:
+            labels["rt_route"] = route.name
+
+        tried: list[tuple[str, int]] = []  # endpoints this request already tried
+
+        async def choose(attempt: int) -> httpproxy.Target | httpproxy.Reject:  # noqa: ARG001
+            return self._choose(entry, head, labels, tried)
+
+        return httpproxy.Plan(
+            choose=choose,
+            route=route,
+            budget=entry.budget if route is not None and route.is_retryable else None,
+            timeout_s=route.timeout_s if route is not None else None,
+            labels=labels,
+        )
+
+    def _choose(
+        self,
+        entry: DstEntry,
+        head: http1.RequestHead,
+        labels: dict[str, str],
+        tried: list[tuple[str, int]],
+    ) -> httpproxy.Target | httpproxy.Reject:
+        handle = entry.balancer.pick(self.loop.time(), self.plane.rng, tried)
+        if handle is None:
+            return httpproxy.reject(503, f"no endpoints for {labels['authority']}")
+        ep = handle.endpoint
+        tried.append(ep.addr)
+        try:
+            hop = hop_for(self.worker, self.src, self.netns, ep)
+        except UpstreamError as exc:
+            handle.done(self.loop.time(), ok=False)
+            return httpproxy.reject(exc.status, str(exc))
+        rewrite = None
+        if hop.kind == "local":
+            denied = self._authorize_local(hop, head)
+            if denied is not None:
+                handle.cancel()
+                return denied
+            identity = self.src.identity if self.src is not None else None
+            rewrite = _client_id(identity)
+        return httpproxy.Target(
+            key=hop.key,
+            open=_opener(self.worker, hop),
+            rewrite=rewrite,
+            handle=handle,
+            labels={**labels, "dst_addr": f"{ep.addr[0]}:{ep.addr[1]}", "hop": hop.kind},
+        )
+
+    def _authorize_local(self, hop: _Hop, head: http1.RequestHead) -> httpproxy.Reject | None:
+        peer = hop.peer
+        assert peer is not None  # noqa: S101 - set for local hops
+        src = self.src
+        identity = src.identity if src is not None else None
+        client_ip = self.client_ip or ipaddress.ip_address("0.0.0.0")
+        port = hop.addr[1]
+        labels = {"direction": "inbound", "namespace": peer.namespace, "pod": peer.name}
+        return inbound.authorize_request(
+            self.worker,
+            (POLICY, peer.key, port),
+            head,
+            client_ip=client_ip,
+            identity=identity,
+            tls=identity is not None,
+            port=port,
+            labels=labels,
+        )
+
+
+def _client_id(identity: str | None) -> Any:
+    def rewrite(headers: http1.Headers) -> http1.Headers:
+        return http1.set_client_id(headers, identity)
+
+    return rewrite
+
+
+def _opener(worker: Worker, hop: _Hop) -> httpproxy.Opener:
+    async def opener(factory: Any) -> tuple[asyncio.Transport, Any]:
+        return await open_transport(
+            worker,
+            factory,
+            netns=hop.netns,
+            addr=hop.addr,
+            ssl_ctx=hop.ssl_ctx,
+            expect_identity=hop.identity,
+        )
+
+    return opener
+
+
+# --- the handler -------------------------------------------------------------------------
+
+
+async def handle(conn: Conn) -> None:
+    """Serve one connection accepted on a pod's outbound listener (see the module rules)."""
+    worker = conn.worker
+    orig = worker_mod.resolve_target(conn)
+    if orig == conn.local:
+        raise worker_mod.ProxyLoopError(conn.listener.listener_id, orig)
+    src = worker.state.get((POD, conn.listener.pod))
+    src = src if isinstance(src, PodInfo) else None
+    key = (DST, f"{orig[0]}:{orig[1]}")
+    dst = worker.state.get(key)
+    if dst is None:
+        try:
+            dst = await worker.state.want(key, kind=DST, wait_s=DST_WAIT_S)
+        except TimeoutError:
+            logger.info(
+                "no destination answer, forwarding", extra={**conn.log_extra(), "dst": key[1]}
+            )
+    if not isinstance(dst, Destination) or not dst.exists:
+        await _forward(conn, orig, conn.held.prefix, eof=conn.held.eof)
+        return
+    prefix, eof = bytes(conn.held.prefix), conn.held.eof
+    opaque = dst.opaque or (dst.profile is not None and dst.profile.opaque_protocol)
+    opaque = opaque or (src is not None and orig[1] in src.opaque_ports)
+    proto: Protocol | None = Protocol.OPAQUE
+    if not opaque:
+        proto, prefix, eof = await read_prefix(
+            conn.transport, prefix, eof=eof, decide=_detect, timeout=DETECT_TIMEOUT_S
+        )
+    if proto is Protocol.HTTP1:
+        router = OutboundRouter(conn, src, key, dst)
+        await httpproxy.serve(conn.transport, router, plane_of(worker).pool, prefix, eof=eof)
+        return
+    await _relay_endpoint(conn, src, key, dst, prefix, eof=eof)
+
+
+async def _forward(
+    conn: Conn, target: tuple[str, int], prefix: bytes | bytearray, *, eof: bool
+) -> None:
+    """Not a mesh destination: relay to the original destination from A's netns."""
+    relay = await start_relay(
+        conn.worker,
+        conn.transport,
+        netns=conn.listener.netns,
+        addr=target,
+        prefix=bytes(prefix),
+        eof=eof,
+    )
+    conn.relay = relay
+    await relay.wait()
+
+
+async def _relay_endpoint(  # noqa: PLR0913 - the facts of one connection
+    conn: Conn,
+    src: PodInfo | None,
+    key: tuple[str, str],
+    dst: Destination,
+    prefix: bytes,
+    *,
+    eof: bool,
+) -> None:
+    """Opaque (or h2) connection: one balanced endpoint for its lifetime."""
+    worker = conn.worker
+    plane = plane_of(worker)
+    loop = asyncio.get_running_loop()
+    entry = plane.entry(key, dst)
+    handle = entry.balancer.pick(loop.time(), plane.rng)
+    if handle is None:
+        logger.info("no endpoints, closing", extra={**conn.log_extra(), "dst": key[1]})
+        return
+    labels = {"direction": DIRECTION, "authority": dst.authority or key[1]}
+    try:
+        hop = hop_for(worker, src, conn.listener.netns, handle.endpoint)
+        if hop.kind == "local":
+            assert hop.peer is not None  # noqa: S101 - set for local hops
+            identity = src.identity if src is not None else None
+            facts = Facts(
+                client_ip=ipaddress.ip_address(src.ip if src is not None else conn.peer[0]),
+                client_identity=identity,
+                tls=identity is not None,
+                dst_port=hop.addr[1],
+            )
+            handle.cancel()
+            await inbound.relay_to_app(
+                conn, conn.transport, hop.peer, hop.addr[1], facts, prefix=prefix, eof=eof
+            )
+            return
+        relay = await start_relay(
+            worker,
+            conn.transport,
+            netns=hop.netns,
+            addr=hop.addr,
+            prefix=prefix,
+            eof=eof,
+            ssl_ctx=hop.ssl_ctx,
+            expect_identity=hop.identity,
+        )
+    except (UpstreamError, OSError, AgentError):
+        handle.done(loop.time(), ok=False)
+        raise
+    conn.relay = relay
+    started = time.monotonic()
+    recorder().tcp_open(DIRECTION, labels)
+    try:
+        await relay.wait()
+    finally:
+        handle.cancel()  # a connection's lifetime is no RTT sample
+        recorder().tcp_close(
+            DIRECTION,
+            labels,
+            bytes_in=relay.bytes_up,
+            bytes_out=relay.bytes_down,
+            duration_s=time.monotonic() - started,
+        )

@@ -1,0 +1,74 @@
+"""Metrics hooks of the data path: a small recorder interface and a no-op default.
+
+Rules:
+1. The data path calls a `Recorder` at a few points (request, response, TCP
+   open/close, authorization); it never imports metrics code. The metrics
+   helper's `WorkerMetrics` plugs in by assigning `agent.proxy.record.RECORDER`
+   (read per connection, so a plugin may set it at import time).
+2. Calls are cheap and never raise into the data path; labels are plain
+   dicts of strings (Linkerd's label names: `direction`, `authority`,
+   `dst_namespace`, `tls`, `client_id`, `srv_*`, `authz_*`, ...).
+3. `direction` is "outbound" or "inbound"; durations are seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+Labels = dict[str, str]
+
+
+class Recorder(Protocol):
+    """What the data path reports; every method must be cheap and must not raise."""
+
+    def request(self, direction: str, labels: Labels) -> None:
+        """A request was sent towards its destination (after routing)."""
+
+    def response(
+        self, direction: str, labels: Labels, *, status: int, latency_s: float, failure: bool
+    ) -> None:
+        """A response (or a proxy error response) was sent back to the client."""
+
+    def tcp_open(self, direction: str, labels: Labels) -> None:
+        """A connection was accepted (or an upstream opened)."""
+
+    def tcp_close(
+        self, direction: str, labels: Labels, *, bytes_in: int, bytes_out: int, duration_s: float
+    ) -> None:
+        """A connection ended; bytes read from / written to the client."""
+
+    def authz(self, labels: Labels, *, allowed: bool, http: bool) -> None:
+        """An inbound authorization decision (per request for HTTP, per connection for TCP)."""
+
+
+class NoopRecorder:
+    """The default: records nothing."""
+
+    __slots__ = ()
+
+    def request(self, direction: str, labels: Labels) -> None:
+        pass
+
+    def response(
+        self, direction: str, labels: Labels, *, status: int, latency_s: float, failure: bool
+    ) -> None:
+        pass
+
+    def tcp_open(self, direction: str, labels: Labels) -> None:
+        pass
+
+    def tcp_close(
+        self, direction: str, labels: Labels, *, bytes_in: int, bytes_out: int, duration_s: float
+    ) -> None:
+        pass
+
+    def authz(self, labels: Labels, *, allowed: bool, http: bool) -> None:
+        pass
+
+
+RECORDER: Recorder = NoopRecorder()
+
+
+def recorder() -> Recorder:
+    """The recorder in use (read at each call site, so it can be swapped at runtime)."""
+    return RECORDER

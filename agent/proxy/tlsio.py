@@ -1,0 +1,274 @@
+"""TLS on an already-accepted transport whose first bytes were already read.
+
+Why not `loop.start_tls`: the worker reads the first chunk of every accepted
+connection before a handler runs (`Held.prefix`), and inbound must read the
+ClientHello to see its SNI before deciding to terminate TLS at all. Those bytes
+are gone from the socket, and `start_tls` cannot be handed them. So the TLS
+record layer runs here over `ssl.MemoryBIO`s (what asyncio's own sslproto
+does), fed with the bytes already read, and the result is an
+`asyncio.Transport` that the HTTP proxy and the TCP relay use like any other.
+
+Rules:
+1. `TlsTransport(raw, ctx, server_side=..., initial=...)` takes the raw
+   transport over (`set_protocol`); `await handshake(timeout)` completes the
+   handshake or raises `TlsHandshakeError`; only then is plaintext delivered to
+   the protocol set with `set_protocol`.
+2. Reading plaintext honours `pause_reading`: records stay in the BIO until
+   `resume_reading`. Write backpressure is the raw transport's.
+3. TLS has no half-close: `can_write_eof()` is False. `close()` sends
+   close_notify, then closes the raw transport.
+4. Callbacks never raise into the loop: a TLS error aborts the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from typing import TYPE_CHECKING, Any, cast
+
+from agent.errors import AgentError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+READ_CHUNK = 256 * 1024
+
+
+class TlsHandshakeError(AgentError):
+    """The TLS handshake failed (bad certificate, no certificate, wrong protocol...)."""
+
+    def __init__(self, peer: str, reason: str) -> None:
+        self.peer = peer
+        self.reason = reason
+        super().__init__(f"tls handshake with {peer}: {reason}")
+
+
+class _RawSide(asyncio.Protocol):
+    """The raw transport's protocol: hands everything to the TlsTransport."""
+
+    __slots__ = ("tls",)
+
+    def __init__(self, tls: TlsTransport) -> None:
+        self.tls = tls
+
+    def data_received(self, data: bytes) -> None:
+        self.tls._raw_data(data)  # noqa: SLF001 - same module
+
+    def eof_received(self) -> bool:
+        return self.tls._raw_eof()  # noqa: SLF001
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.tls._raw_lost(exc)  # noqa: SLF001
+
+    def pause_writing(self) -> None:
+        proto = self.tls._proto  # noqa: SLF001
+        if proto is not None:
+            proto.pause_writing()
+
+    def resume_writing(self) -> None:
+        proto = self.tls._proto  # noqa: SLF001
+        if proto is not None:
+            proto.resume_writing()
+
+
+class TlsTransport(asyncio.Transport):
+    """A TLS session over `raw`, as a transport; see the module rules."""
+
+    def __init__(
+        self,
+        raw: asyncio.Transport,
+        ctx: ssl.SSLContext,
+        *,
+        server_side: bool,
+        server_hostname: str | None = None,
+        initial: bytes = b"",
+    ) -> None:
+        super().__init__()
+        self._loop = asyncio.get_running_loop()
+        self._raw = raw
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self._obj = ctx.wrap_bio(
+            self._in, self._out, server_side=server_side, server_hostname=server_hostname
+        )
+        self._proto: asyncio.Protocol | None = None
+        self._done: asyncio.Future[None] = self._loop.create_future()
+        self._paused = False
+        self._closing = False
+        self._eof = False
+        self._lost = False
+        self._deliver_soon = False
+        peer = raw.get_extra_info("peername")
+        self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        raw.set_protocol(_RawSide(self))
+        if initial:
+            self._in.write(initial)
+
+    # --- handshake ---------------------------------------------------------------
+
+    async def handshake(self, timeout: float) -> None:  # noqa: ASYNC109 - a deadline parameter
+        """Complete the handshake.
+
+        Raises:
+            TlsHandshakeError: it failed, the peer left, or it took over `timeout` s.
+        """
+        self._step()
+        if not self._done.done():
+            self._raw.resume_reading()
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self._done)
+        except TimeoutError:
+            raise TlsHandshakeError(self._peer, f"no handshake within {timeout}s") from None
+        self._raw.pause_reading()  # until a protocol is set and resumes
+
+    def _step(self) -> None:
+        if self._done.done():
+            self._deliver()
+            return
+        try:
+            self._obj.do_handshake()
+        except ssl.SSLWantReadError:
+            self._flush()
+            return
+        except (ssl.SSLError, OSError) as exc:
+            self._flush()  # send the alert
+            self._fail(str(exc))
+            return
+        self._flush()
+        self._done.set_result(None)
+
+    def _fail(self, reason: str) -> None:
+        if not self._done.done():
+            self._done.set_exception(TlsHandshakeError(self._peer, reason))
+            self._done.exception()  # retrieved by `handshake`, or nobody cares
+        self._closing = True
+        self._raw.close()
+
+    # --- raw side ------------------------------------------------------------
+
+    def _raw_data(self, data: bytes) -> None:
+        self._in.write(data)
+        self._step()
+
+    def _raw_eof(self) -> bool:
+        if not self._done.done():
+            self._fail("peer closed during the handshake")
+            return False
+        self._in.write_eof()
+        self._deliver()
+        return True
+
+    def _raw_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        if not self._done.done():
+            self._fail(f"connection lost: {exc}" if exc else "connection closed")
+        proto = self._proto
+        if proto is not None:
+            proto.connection_lost(exc)
+
+    def _deliver(self) -> None:
+        """Hand decrypted bytes to the protocol while it reads."""
+        self._deliver_soon = False
+        proto = self._proto
+        if proto is None or not self._done.done() or self._lost:
+            return
+        while not self._paused and not self._eof:
+            try:
+                data = self._obj.read(READ_CHUNK)
+            except ssl.SSLWantReadError:
+                break
+            except ssl.SSLZeroReturnError:
+                data = b""
+            except (ssl.SSLError, OSError):
+                self.abort()
+                return
+            if not data:
+                self._eof = True
+                if not proto.eof_received():
+                    self.close()
+                break
+            proto.data_received(data)
+        self._flush()
+
+    def _flush(self) -> None:
+        if self._out.pending and not self._raw.is_closing():
+            self._raw.write(self._out.read())
+
+    # --- transport API -------------------------------------------------------
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._proto = cast("asyncio.Protocol", protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self._proto is not None  # noqa: S101 - set before use
+        return self._proto
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "ssl_object":
+            return self._obj
+        if name == "peercert":
+            return self._obj.getpeercert()
+        if name == "cipher":
+            return self._obj.cipher()
+        return self._raw.get_extra_info(name, default)
+
+    def is_reading(self) -> bool:
+        return not self._paused
+
+    def pause_reading(self) -> None:
+        self._paused = True
+        if not self._raw.is_closing():
+            self._raw.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._paused = False
+        if not self._raw.is_closing():
+            self._raw.resume_reading()
+        if not self._deliver_soon:  # records may already sit in the BIO
+            self._deliver_soon = True
+            self._loop.call_soon(self._deliver)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing or self._lost:
+            return
+        try:
+            self._obj.write(data)
+        except (ssl.SSLError, OSError):
+            self.abort()
+            return
+        self._flush()
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        for data in list_of_data:
+            self.write(data)
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def write_eof(self) -> None:
+        raise NotImplementedError("TLS has no half-close")
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._raw.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self._raw.get_write_buffer_size() + self._out.pending
+
+    def is_closing(self) -> bool:
+        return self._closing or self._raw.is_closing()
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self._done.done() and not self._lost:
+            with contextlib.suppress(ssl.SSLError, OSError, ValueError):
+                self._obj.unwrap()  # queue close_notify
+            self._flush()
+        self._raw.close()
+
+    def abort(self) -> None:
+        self._closing = True
+        self._raw.abort()

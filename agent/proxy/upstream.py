@@ -1,0 +1,311 @@
+"""Upstream connections of the data path: from a pod's namespace, plain or mTLS, pooled.
+
+Rules:
+1. Every upstream socket comes from `Worker.upstreams` (created inside the
+   source pod's namespace, carrying the proxy mark): no netns work per request.
+2. mTLS to a meshed endpoint uses the SOURCE pod's certificate (chosen by the
+   caller from the listener that accepted, never from bytes the app sent),
+   SNI = the endpoint's `tls_identity`, the server's chain verified against
+   the trust bundle, and its identity (`peer_identity`) must equal
+   `tls_identity` exactly. No material, or expired material: fail closed
+   (`UpstreamError` with status 502) before any byte leaves.
+3. SSL contexts are cached per identity and rebuilt when the `TlsMaterial`
+   value changes (compared by identity of the object, then by content).
+4. `ConnPool` keeps idle keep-alive HTTP/1 connections per key; a key names
+   everything that makes connections non-interchangeable (source pod, TLS
+   identity, destination address). Dead connections are skipped; idle ones are
+   closed after `idle_timeout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from agent.errors import AgentError, PKIError
+from agent.identity import tls as idtls
+from agent.proxy.tcp import Relay
+
+if TYPE_CHECKING:
+    import socket
+    import ssl
+
+    from agent.proxy.state import TlsMaterial
+    from agent.proxy.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+TLS_HANDSHAKE_TIMEOUT_S = 5.0
+POOL_IDLE_TIMEOUT_S = 60.0
+POOL_MAX_IDLE = 256
+
+
+class UpstreamError(AgentError):
+    """An upstream could not be reached as required; `status` is the HTTP answer (502/503)."""
+
+    def __init__(self, target: str, reason: str, status: int = 502) -> None:
+        self.target = target
+        self.reason = reason
+        self.status = status
+        super().__init__(f"upstream {target}: {reason}")
+
+
+class TlsContexts:
+    """Client and server SSL contexts per identity, rebuilt when the material changes."""
+
+    def __init__(self) -> None:
+        self._client: dict[str, tuple[TlsMaterial, ssl.SSLContext]] = {}
+        self._server: dict[str, tuple[TlsMaterial, ssl.SSLContext]] = {}
+
+    def client(self, material: TlsMaterial | None, identity: str, *, now: float) -> ssl.SSLContext:
+        """The client context presenting `identity`'s certificate.
+
+        Raises:
+            UpstreamError: no material, expired, or unusable (fail closed).
+        """
+        return self._get(self._client, material, identity, now, idtls.client_context)
+
+    def server(self, material: TlsMaterial | None, identity: str, *, now: float) -> ssl.SSLContext:
+        """The server context presenting `identity`'s certificate, requiring client certs.
+
+        Raises:
+            UpstreamError: no material, expired, or unusable.
+        """
+        return self._get(self._server, material, identity, now, idtls.server_context)
+
+    @staticmethod
+    def _get(
+        cache: dict[str, tuple[TlsMaterial, ssl.SSLContext]],
+        material: TlsMaterial | None,
+        identity: str,
+        now: float,
+        build: Callable[[bytes, ec.EllipticCurvePrivateKey, bytes], ssl.SSLContext],
+    ) -> ssl.SSLContext:
+        if material is None:
+            raise UpstreamError(identity, "no TLS material for this identity")
+        if material.not_after <= now:
+            raise UpstreamError(identity, "certificate expired")
+        hit = cache.get(identity)
+        if hit is not None and (hit[0] is material or hit[0] == material):
+            return hit[1]
+        try:
+            key = serialization.load_der_private_key(material.key_der, password=None)
+            if not isinstance(key, ec.EllipticCurvePrivateKey):
+                raise UpstreamError(identity, "workload key is not ECDSA")
+            ctx = build(material.cert_chain_pem, key, material.trust_pem)
+        except (ValueError, PKIError) as exc:
+            raise UpstreamError(identity, f"unusable TLS material: {exc}") from exc
+        cache[identity] = (material, ctx)
+        return ctx
+
+
+async def connect_socket(worker: Worker, netns: str, addr: tuple[str, int]) -> socket.socket:
+    """A socket made in `netns` (marked), connected to `addr`.
+
+    Raises:
+        UpstreamError: connect failed or timed out (status 502).
+    """
+    sock = await worker.upstreams.get(netns)
+    try:
+        async with asyncio.timeout(worker.connect_timeout):
+            await asyncio.get_running_loop().sock_connect(sock, addr)
+    except (OSError, TimeoutError) as exc:
+        sock.close()
+        reason = "connect timed out" if isinstance(exc, TimeoutError) else f"connect: {exc}"
+        raise UpstreamError(f"{addr[0]}:{addr[1]}", reason) from exc
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def open_transport(  # noqa: PLR0913 - keyword-only connection facts
+    worker: Worker,
+    factory: Callable[[], asyncio.Protocol],
+    *,
+    netns: str,
+    addr: tuple[str, int],
+    ssl_ctx: ssl.SSLContext | None = None,
+    expect_identity: str | None = None,
+) -> tuple[asyncio.Transport, asyncio.Protocol]:
+    """Connect from `netns` to `addr`, with mTLS when `ssl_ctx` is given.
+
+    With TLS, SNI is `expect_identity` and the server must present exactly it.
+
+    Raises:
+        UpstreamError: connect, handshake or identity check failed (status 502).
+    """
+    sock = await connect_socket(worker, netns, addr)
+    loop = asyncio.get_running_loop()
+    where = f"{addr[0]}:{addr[1]}"
+    try:
+        if ssl_ctx is None:
+            transport, proto = await loop.create_connection(factory, sock=sock)
+        else:
+            transport, proto = await loop.create_connection(
+                factory,
+                sock=sock,
+                ssl=ssl_ctx,
+                server_hostname=expect_identity,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+            )
+    except (OSError, TimeoutError) as exc:
+        sock.close()
+        reason = f"tls handshake: {exc!r}" if ssl_ctx else f"connect: {exc!r}"
+        raise UpstreamError(where, reason) from exc
+    tr: Any = transport
+    if ssl_ctx is not None:
+        obj = tr.get_extra_info("ssl_object")
+        got = idtls.peer_identity(obj) if obj is not None else None
+        if got != expect_identity:
+            tr.abort()
+            raise UpstreamError(where, f"server identity {got!r} is not {expect_identity!r}")
+    return tr, proto
+
+
+# --- keep-alive pool ----------------------------------------------------------
+
+
+class Pooled(Protocol):
+    """What the pool needs of a connection (agent.proxy.httpproxy's upstream protocol)."""
+
+    pool_key: Hashable
+    idle_since: float
+
+    @property
+    def reusable(self) -> bool:
+        """Alive, between exchanges, nothing unread."""
+
+    def close(self) -> None:
+        """Close the connection."""
+
+
+Opener = Callable[[], Awaitable[Pooled]]
+
+
+class ConnPool:
+    """Idle upstream connections per key, for one worker's loop."""
+
+    def __init__(
+        self, *, idle_timeout: float = POOL_IDLE_TIMEOUT_S, max_idle: int = POOL_MAX_IDLE
+    ) -> None:
+        self.idle_timeout = idle_timeout
+        self.max_idle = max_idle
+        self._idle: dict[Hashable, list[Pooled]] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self.opened = 0
+        self.reused = 0
+
+    def take(self, key: Hashable) -> Pooled | None:
+        """A live idle connection for `key`, or None."""
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if conn.reusable:
+                self.reused += 1
+                return conn
+            conn.close()
+        return None
+
+    async def acquire(self, key: Hashable, opener: Opener) -> tuple[Pooled, bool]:
+        """A connection for `key` (idle one, else `opener()`), and whether it was reused.
+
+        Raises:
+            Whatever `opener` raises.
+        """
+        conn = self.take(key)
+        if conn is not None:
+            return conn, True
+        conn = await opener()
+        conn.pool_key = key
+        self.opened += 1
+        return conn, False
+
+    def release(self, conn: Pooled) -> None:
+        """Give a connection back after a complete exchange (closed if not reusable)."""
+        if not conn.reusable:
+            conn.close()
+            return
+        idle = self._idle.setdefault(conn.pool_key, [])
+        if len(idle) >= self.max_idle:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        idle.append(conn)
+        if self._sweeper is None:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self.idle_timeout / 2, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        cutoff = time.monotonic() - self.idle_timeout
+        for key in list(self._idle):
+            keep = [c for c in self._idle[key] if c.reusable and c.idle_since > cutoff]
+            for c in self._idle[key]:
+                if c not in keep:
+                    c.close()
+            if keep:
+                self._idle[key] = keep
+            else:
+                del self._idle[key]
+        if self._idle:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self.idle_timeout / 2, self._sweep)
+
+    def idle_count(self, key: Hashable | None = None) -> int:
+        """Idle connections (for `key`, or all)."""
+        if key is not None:
+            return len(self._idle.get(key, ()))
+        return sum(len(v) for v in self._idle.values())
+
+    def close(self) -> None:
+        """Close every idle connection."""
+        for conns in self._idle.values():
+            for c in conns:
+                c.close()
+        self._idle.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+
+async def start_relay(  # noqa: PLR0913 - keyword-only connection facts
+    worker: Worker,
+    downstream: asyncio.Transport,
+    *,
+    netns: str,
+    addr: tuple[str, int],
+    prefix: bytes,
+    eof: bool,
+    ssl_ctx: ssl.SSLContext | None = None,
+    expect_identity: str | None = None,
+) -> Relay:
+    """Splice a paused client transport to `addr` (from `netns`, mTLS with `ssl_ctx`).
+
+    The relay owns `downstream` from here (aborted if this raises).
+
+    Raises:
+        UpstreamError: connect, handshake or identity check failed.
+    """
+    relay = Relay(idle_timeout=worker.idle_timeout)
+    relay.attach(downstream, prefix, eof=eof)
+    try:
+        await open_transport(
+            worker,
+            relay.upstream_protocol,
+            netns=netns,
+            addr=addr,
+            ssl_ctx=ssl_ctx,
+            expect_identity=expect_identity,
+        )
+    except BaseException:
+        relay.abort()
+        raise
+    relay.start()
+    return relay

@@ -1,0 +1,1 @@
+"""The sandbox: the whole mesh on one machine (`meshagent sandbox`)."""

@@ -1,0 +1,776 @@
+"""The mesh data path end to end: real pods (netns), iptables capture, worker pools, mTLS.
+
+Topology (agent.netlab): two isolated nodes joined by a link.
+- node n1: pods `a` (sa alpha) and `b` (sa beta), clients; pod `web1` (sa web),
+  a server on the same node as the clients. One WorkerPool = node n1's agent.
+- node n2: pod `web2` (sa web), servers on 8080 (HTTP), 8081/8082 (HTTP),
+  9000 (echo). One WorkerPool = node n2's agent.
+- pod `c` on n1 is not meshed (no capture, no listeners): a raw client.
+Every pod but `c` is captured with `IptablesRedirector`; the servers and
+clients run in this test process with sockets made inside the pods' netns.
+Each pool gets the state its node's supervisor would push.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+import ssl
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import pytest_asyncio
+from cryptography.hazmat.primitives import serialization
+
+from agent.identity import ca
+from agent.identity.csr import check_csr, make_csr, new_key
+from agent.identity.names import Identity
+from agent.identity.tls import chain_pem, client_context
+from agent.netlab import Lab
+from agent.policy.model import (
+    Authorization,
+    MeshTLS,
+    Meta,
+    Network,
+    ProxyProtocol,
+    ServerPolicy,
+)
+from agent.proxy import http1
+from agent.proxy.channel import StateUpdate
+from agent.proxy.listener import ListenerKind, open_pod_listeners
+from agent.proxy.model import Endpoint, MatchAll, MethodIs, PathRegex, Profile, RetryBudget, Route
+from agent.proxy.pool import WorkerOptions, WorkerPool
+from agent.proxy.state import Destination, NodeInfo, PodInfo, TlsMaterial
+from agent.redirect import netns
+from agent.redirect.annotations import build_spec
+from agent.redirect.iptables import IptablesRedirector
+
+pytestmark = [pytest.mark.privileged, pytest.mark.asyncio(loop_scope="module")]
+
+ALPHA = Identity(sa="alpha", ns="shop")
+BETA = Identity(sa="beta", ns="shop")
+WEB = Identity(sa="web", ns="shop")
+OTHER = Identity(sa="other", ns="shop")
+
+VIP_WEB = "10.96.0.10"  # service on node n2 (mTLS hop)
+VIP_LOCAL = "10.96.0.11"  # service on node n1 (same-node path)
+VIP_ECHO = "10.96.0.12"  # opaque echo on n2
+VIP_TWO = "10.96.0.13"  # two endpoints on n2 (removal, retries, timeouts)
+VIP_WRONG = "10.96.0.14"  # endpoint claims another identity
+VIP_RETRY = "10.96.0.16"  # a good and a failing endpoint on n2
+VIP_DETECT = "10.96.0.17"  # echo on n2, protocol detected (not marked opaque)
+
+
+# --- PKI ---------------------------------------------------------------------------
+
+
+class Pki:
+    def __init__(self, tmp) -> None:
+        self.now = datetime.now(UTC)
+        past = self.now - timedelta(days=2)
+        ca.create_root(tmp / "root", now=past)
+        ca.create_issuer(tmp / "issuer", tmp / "root", now=past)
+        self.issuer = ca.load_issuer(tmp / "issuer", now=self.now)
+        self.trust = self.issuer.bundle.pem
+
+    def material(self, ident: Identity, *, expired: bool = False) -> TlsMaterial:
+        key = new_key()
+        info = check_csr(make_csr(key, ident), ident.dns_name)
+        when = self.now - timedelta(days=1) if expired else self.now
+        leaf, chain, until = self.issuer.sign_leaf(
+            info, ident, now=when, lifetime=timedelta(hours=1 if expired else 24)
+        )
+        der = key.private_bytes(
+            serialization.Encoding.DER,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        return TlsMaterial(
+            identity=ident.dns_name,
+            cert_chain_pem=chain_pem(leaf, chain),
+            key_der=der,
+            trust_pem=self.trust,
+            not_after=until.timestamp(),
+        )
+
+
+# --- apps in pods -----------------------------------------------------------------------
+
+
+class HttpApp(asyncio.Protocol):
+    """A tiny HTTP/1.1 server: answers JSON with who called; /fail -> 500 if failing."""
+
+    def __init__(self, name: str, hits: list, failing: bool) -> None:
+        self.name = name
+        self.hits = hits
+        self.failing = failing
+        self.parser = http1.RequestParser()
+        self.head = None
+        self.body = 0
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        for ev in self.parser.feed(data):
+            if isinstance(ev, http1.RequestHead):
+                self.head, self.body = ev, 0
+            elif isinstance(ev, http1.BodyData):
+                self.body += len(ev.data)
+            elif isinstance(ev, http1.MessageEnd):
+                asyncio.get_running_loop().create_task(self.answer(self.head, self.body))
+            else:
+                self.transport.close()
+
+    async def answer(self, head, body_len) -> None:
+        cid = http1.get_header(head.headers, b"l5d-client-id")
+        path = head.target.decode()
+        self.hits.append((self.name, path, cid.decode() if cid else None))
+        status = 200
+        if path.startswith("/slow"):
+            await asyncio.sleep(1.0)
+        if path.startswith("/fail") and self.failing:
+            status = 500
+        payload = json.dumps(
+            {"server": self.name, "client_id": cid.decode() if cid else None, "len": body_len}
+        ).encode()
+        self.transport.write(
+            http1.response_head_bytes(status, [(b"content-length", b"%d" % len(payload))]) + payload
+        )
+
+
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def eof_received(self) -> bool:
+        return False
+
+
+async def serve_in(pod, port: int, factory) -> asyncio.Server:
+    sock = pod.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("0.0.0.0", port))
+    sock.listen(256)
+    sock.setblocking(False)
+    return await asyncio.get_running_loop().create_server(factory, sock=sock)
+
+
+class Client:
+    """A keep-alive HTTP/1.1 client from inside a pod (its connects are captured)."""
+
+    def __init__(self, reader, writer) -> None:
+        self.reader, self.writer = reader, writer
+        self.parser = http1.ResponseParser()
+
+    @classmethod
+    async def connect(cls, pod, addr: tuple[str, int]) -> Client:
+        sock = await netns.run_in_async(pod.netns, socket.socket)
+        sock.setblocking(False)
+        async with asyncio.timeout(5):
+            await asyncio.get_running_loop().sock_connect(sock, addr)
+        reader, writer = await asyncio.open_connection(sock=sock)
+        return cls(reader, writer)
+
+    async def request(self, path: str, headers=(), body: bytes = b"", method=b"GET"):
+        hdrs = [(b"host", b"web"), *headers]
+        if body:
+            hdrs.append((b"content-length", b"%d" % len(body)))
+        self.parser.expect(method)
+        self.writer.write(http1.request_head_bytes(method, path.encode(), hdrs) + body)
+        status, rhead, chunks = None, None, []
+        async with asyncio.timeout(10):
+            while True:
+                data = await self.reader.read(65536)
+                events = self.parser.feed(data) if data else self.parser.feed_eof()
+                for ev in events:
+                    if isinstance(ev, http1.ResponseHead):
+                        status, rhead = ev.status, ev
+                    elif isinstance(ev, http1.BodyData):
+                        chunks.append(bytes(ev.data))
+                    elif isinstance(ev, http1.MessageEnd):
+                        return status, rhead, b"".join(chunks)
+                    else:
+                        raise AssertionError(ev)  # noqa: TRY004 - a test's dispatch
+                if not data:
+                    raise ConnectionError("closed before the response ended")
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def raw_connect(pod, addr):
+    sock = await netns.run_in_async(pod.netns, socket.socket)
+    sock.setblocking(False)
+    async with asyncio.timeout(5):
+        await asyncio.get_running_loop().sock_connect(sock, addr)
+    return sock
+
+
+# --- the world -----------------------------------------------------------------------
+
+
+def _pod_info(lab_pod, ident: Identity | None, node: str) -> PodInfo:
+    return PodInfo(
+        namespace="shop",
+        name=lab_pod.name,
+        ip=lab_pod.ip,
+        netns=str(lab_pod.netns),
+        service_account=ident.sa if ident else "default",
+        identity=ident.dns_name if ident else "",
+        node=node,
+    )
+
+
+def allow_identities(*idents: Identity, name="only") -> ServerPolicy:
+    return ServerPolicy(
+        protocol=ProxyProtocol.DETECT,
+        authorizations=(
+            Authorization(
+                networks=(Network.parse("0.0.0.0/0"),),
+                authentication=MeshTLS(identities=frozenset(i.dns_name for i in idents)),
+                meta=Meta(name=name, kind="AuthorizationPolicy"),
+            ),
+        ),
+        meta=Meta(name=name, kind="Server"),
+    )
+
+
+class World:
+    def __init__(self, lab, pki) -> None:
+        self.lab, self.pki = lab, pki
+        self.hits: list = []
+        self.servers: list[asyncio.Server] = []
+        self.pools: dict[str, WorkerPool] = {}
+        self.answers: dict[str, dict] = {"n1": {}, "n2": {}}
+
+    def push(self, node: str, key, value) -> None:
+        self.answers[node][key] = value
+        self.pools[node].broadcast(StateUpdate(key=key, value=value))
+
+    def on_need(self, node: str):
+        def need(worker_id, msg) -> None:
+            value = self.answers[node].get(msg.key)
+            if value is None and msg.kind == "dst":
+                value = Destination(target=msg.key[1], exists=False)
+            if value is not None:
+                self.pools[node].broadcast(StateUpdate(key=msg.key, value=value))
+
+        return need
+
+
+@pytest.fixture(scope="module")
+def lab():
+    import os  # noqa: PLC0415
+
+    if os.geteuid() != 0:
+        pytest.skip("the pod lab needs root")
+    Lab.cleanup_stale()
+    lb = Lab("d" + secrets.token_hex(3))
+    try:
+        yield lb
+    finally:
+        lb.close()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    return Pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def world(lab, pki):
+    n1, n2 = lab.node("n1", isolated=True), lab.node("n2", isolated=True)
+    lab.link(n1, n2)
+    pods = {
+        "a": lab.pod(n1, "a"),
+        "b": lab.pod(n1, "b"),
+        "web1": lab.pod(n1, "web1"),
+        "c": lab.pod(n1, "c"),
+        "web2": lab.pod(n2, "web2"),
+    }
+    w = World(lab, pki)
+    w.pods = pods
+    redirector = IptablesRedirector()
+    for name in ("a", "b", "web1", "web2"):
+        p = pods[name]
+        redirector.enroll(
+            build_spec(pod=f"shop/{name}", netns=p.netns, pod_ip=p.ip, pod_annotations={})
+        )
+    for node in ("n1", "n2"):
+        options = WorkerOptions(stats_interval_s=0.5, grace_s=2.0, log_level="warning")
+        pool = WorkerPool(1, options=options, on_need=w.on_need(node))
+        w.pools[node] = pool
+        await pool.start(ready_timeout=20)
+    idents = {"a": ALPHA, "b": BETA, "web1": WEB, "web2": WEB}
+    homes = {"a": "n1", "b": "n1", "web1": "n1", "web2": "n2"}
+    w.info = {n: _pod_info(pods[n], idents[n], homes[n]) for n in idents}
+    for node in ("n1", "n2"):
+        w.push(node, ("node",), NodeInfo(name=node))
+    for name, info in w.info.items():
+        node = homes[name]
+        w.push(node, ("pod", info.key), info)
+        w.push(node, ("pod-ip", info.ip), info.key)
+        listeners = open_pod_listeners(info.netns)
+        w.pools[node].add_listener(
+            listener_id=f"{name}-out",
+            pod=info.key,
+            kind=ListenerKind.OUTBOUND,
+            netns=info.netns,
+            sock=listeners.outbound,
+        )
+        w.pools[node].add_listener(
+            listener_id=f"{name}-in",
+            pod=info.key,
+            kind=ListenerKind.INBOUND,
+            netns=info.netns,
+            sock=listeners.inbound,
+        )
+    # Certificates: the clients and web2; web1 deliberately has none (the
+    # same-node path must not need TLS).
+    w.push("n1", ("tls", ALPHA.dns_name), pki.material(ALPHA))
+    w.push("n1", ("tls", BETA.dns_name), pki.material(BETA))
+    w.push("n2", ("tls", WEB.dns_name), pki.material(WEB))
+    web2, web1 = pods["web2"], pods["web1"]
+    ep = lambda pod, port, ident=WEB: Endpoint(addr=(pod.ip, port), tls_identity=ident.dns_name)  # noqa: E731
+    w.push(
+        "n1",
+        ("dst", f"{VIP_WEB}:80"),
+        Destination(
+            target=f"{VIP_WEB}:80",
+            authority="web.shop.svc.cluster.local:80",
+            exists=True,
+            endpoints=(ep(web2, 8080),),
+        ),
+    )
+    w.push(
+        "n1",
+        ("dst", "web.shop.svc.cluster.local:80"),
+        Destination(
+            target="web.shop.svc.cluster.local:80",
+            authority="web.shop.svc.cluster.local:80",
+            exists=True,
+            endpoints=(ep(web2, 8080),),
+        ),
+    )
+    w.push(
+        "n1",
+        ("dst", f"{VIP_LOCAL}:80"),
+        Destination(
+            target=f"{VIP_LOCAL}:80",
+            authority="local.shop.svc.cluster.local:80",
+            exists=True,
+            endpoints=(ep(web1, 8080),),
+        ),
+    )
+    w.push(
+        "n1",
+        ("dst", f"{VIP_ECHO}:9000"),
+        Destination(
+            target=f"{VIP_ECHO}:9000",
+            authority="echo.shop.svc.cluster.local:9000",
+            exists=True,
+            opaque=True,
+            endpoints=(ep(web2, 9000),),
+        ),
+    )
+    w.push(
+        "n1",
+        ("dst", f"{VIP_DETECT}:9000"),
+        Destination(
+            target=f"{VIP_DETECT}:9000",
+            authority="echo2.shop.svc.cluster.local:9000",
+            exists=True,
+            endpoints=(ep(web2, 9000),),
+        ),
+    )
+    w.push(
+        "n1",
+        ("dst", f"{VIP_WRONG}:80"),
+        Destination(
+            target=f"{VIP_WRONG}:80",
+            authority="wrong.shop.svc.cluster.local:80",
+            exists=True,
+            endpoints=(ep(web2, 8080, OTHER),),
+        ),
+    )
+    w.push("n1", ("policy", "shop/web1", 8080), allow_identities(ALPHA, name="web1-alpha"))
+    for port in (8080, 8081, 8082):
+        w.push("n2", ("policy", "shop/web2", port), ServerPolicy.default("all-authenticated"))
+    w.push("n2", ("policy", "shop/web2", 9000), ServerPolicy.default("all-authenticated"))
+    w.servers += [
+        await serve_in(web2, 8080, lambda: HttpApp("web2:8080", w.hits, failing=False)),
+        await serve_in(web2, 8081, lambda: HttpApp("web2:8081", w.hits, failing=False)),
+        await serve_in(web2, 8082, lambda: HttpApp("web2:8082", w.hits, failing=True)),
+        await serve_in(web2, 9000, Echo),
+        await serve_in(web1, 8080, lambda: HttpApp("web1:8080", w.hits, failing=False)),
+        await serve_in(pods["c"], 7000, lambda: HttpApp("c:7000", w.hits, failing=False)),
+    ]
+    yield w
+    for s in w.servers:
+        s.close()
+    for pool in w.pools.values():
+        await pool.close()
+
+
+# --- tests -----------------------------------------------------------------------------
+
+
+async def test_http_keepalive_across_nodes_carries_each_pods_identity(world):
+    """1,000 interleaved keep-alive requests from two pods: the server sees the right id."""
+    ca_, cb = (
+        await Client.connect(world.pods["a"], (VIP_WEB, 80)),
+        await Client.connect(world.pods["b"], (VIP_WEB, 80)),
+    )
+    try:
+        mismatches = 0
+        forged = [
+            (b"l5d-client-id", b"admin.kube-system.serviceaccount.identity.linkerd.cluster.local")
+        ]
+
+        async def run(client, ident, n):
+            nonlocal mismatches
+            for i in range(n):
+                status, _, body = await client.request(
+                    f"/x/{i}", headers=forged if i % 7 == 0 else ()
+                )
+                got = json.loads(body)
+                if (
+                    status != 200
+                    or got["client_id"] != ident.dns_name
+                    or got["server"] != "web2:8080"
+                ):
+                    mismatches += 1
+
+        await asyncio.gather(run(ca_, ALPHA, 500), run(cb, BETA, 500))
+        assert mismatches == 0
+    finally:
+        ca_.close()
+        cb.close()
+
+
+async def test_same_node_path_needs_no_tls_and_enforces_the_target_policy(world):
+    ca_ = await Client.connect(world.pods["a"], (VIP_LOCAL, 80))
+    cb = await Client.connect(world.pods["b"], (VIP_LOCAL, 80))
+    try:
+        for _ in range(20):
+            status, _, body = await ca_.request("/local")
+            assert status == 200
+            assert json.loads(body) == {
+                "server": "web1:8080",
+                "client_id": ALPHA.dns_name,
+                "len": 0,
+            }
+        status, head, _ = await cb.request("/local")  # beta is not allowed on web1:8080
+        assert status == 403
+        assert http1.get_header(head.headers, b"l5d-proxy-error") is not None
+    finally:
+        ca_.close()
+        cb.close()
+
+
+async def test_l5d_dst_override_routes_by_authority(world):
+    c = await Client.connect(world.pods["a"], (VIP_LOCAL, 80))
+    try:
+        status, _, body = await c.request(
+            "/o", headers=[(b"l5d-dst-override", b"web.shop.svc.cluster.local:80")]
+        )
+        assert status == 200
+        assert json.loads(body)["server"] == "web2:8080"
+    finally:
+        c.close()
+
+
+async def test_endpoint_with_another_identity_is_refused(world):
+    c = await Client.connect(world.pods["a"], (VIP_WRONG, 80))
+    try:
+        status, head, _ = await c.request("/w")
+        # web2's inbound sees an SNI that is not its identity, so it never completes
+        # a handshake as OTHER: the hop fails, and nothing reaches the app.
+        assert status == 502
+        assert b"tls handshake" in http1.get_header(head.headers, b"l5d-proxy-error")
+    finally:
+        c.close()
+
+
+async def test_expired_source_certificate_fails_closed(world):
+    world.push("n1", ("tls", BETA.dns_name), world.pki.material(BETA, expired=True))
+    c = await Client.connect(world.pods["b"], (VIP_WEB, 80))
+    try:
+        status, head, _ = await c.request("/e")
+        assert status == 502
+        assert b"expired" in http1.get_header(head.headers, b"l5d-proxy-error")
+    finally:
+        c.close()
+        world.push("n1", ("tls", BETA.dns_name), world.pki.material(BETA))
+
+
+async def _tls_to_web2(world, ctx):
+    """A TLS client from the unmeshed pod c straight at web2:8080 (captured to its inbound)."""
+    sock = await raw_connect(world.pods["c"], (world.pods["web2"].ip, 8080))
+    reader, writer = await asyncio.open_connection(
+        sock=sock, ssl=ctx, server_hostname=WEB.dns_name, ssl_handshake_timeout=5
+    )
+    try:
+        writer.write(b"GET /t HTTP/1.1\r\nhost: web\r\n\r\n")
+        got = b""
+        async with asyncio.timeout(5):
+            while not got.endswith(b"}"):
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                got += chunk
+        return got
+    finally:
+        writer.close()
+
+
+def _client_ctx(material: TlsMaterial, trust: bytes | None = None) -> ssl.SSLContext:
+    key = serialization.load_der_private_key(material.key_der, password=None)
+    return client_context(material.cert_chain_pem, key, trust or material.trust_pem)
+
+
+@pytest.mark.parametrize("case", ["valid", "foreign-ca", "expired", "no-client-cert"])
+async def test_inbound_mtls_accepts_only_valid_client_certificates(world, case, tmp_path):
+    pki = world.pki
+    if case == "valid":
+        ctx = _client_ctx(pki.material(ALPHA))
+    elif case == "foreign-ca":
+        foreign = Pki(tmp_path)
+        ctx = _client_ctx(foreign.material(ALPHA), trust=pki.trust)
+    elif case == "expired":
+        ctx = _client_ctx(pki.material(ALPHA, expired=True))
+    else:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.load_verify_locations(cadata=pki.trust.decode())
+    try:
+        got = await _tls_to_web2(world, ctx)
+    except (ssl.SSLError, ConnectionError, OSError):
+        got = b""
+    if case == "valid":
+        assert got.startswith(b"HTTP/1.1 200")
+        assert ALPHA.dns_name.encode() in got
+    else:
+        assert not got.startswith(b"HTTP/1.1 200")
+
+
+async def test_inbound_deny_answers_403(world):
+    key = ("policy", "shop/web2", 8080)
+    world.push("n2", key, allow_identities(BETA, name="beta-only"))
+    try:
+        ca_, cb = (
+            await Client.connect(world.pods["a"], (VIP_WEB, 80)),
+            await Client.connect(world.pods["b"], (VIP_WEB, 80)),
+        )
+        status_a, _head, _ = await ca_.request("/deny")
+        status_b, _, _ = await cb.request("/deny")
+        grpc_status, ghead, _ = await ca_.request(
+            "/pkg.Svc/M", headers=[(b"content-type", b"application/grpc")], method=b"POST"
+        )
+        ca_.close()
+        cb.close()
+    finally:
+        world.push("n2", key, ServerPolicy.default("all-authenticated"))
+    assert (status_a, status_b) == (403, 200)
+    assert grpc_status == 200
+    assert http1.get_header(ghead.headers, b"grpc-status") == b"7"
+
+
+async def test_opaque_relay_is_byte_exact_for_1_mib(world):
+    sock = await raw_connect(world.pods["a"], (VIP_ECHO, 9000))
+    loop = asyncio.get_running_loop()
+    payload = secrets.token_bytes(1 << 20)
+    try:
+        send = asyncio.ensure_future(loop.sock_sendall(sock, payload))
+        got = bytearray()
+        async with asyncio.timeout(20):
+            while len(got) < len(payload):
+                chunk = await loop.sock_recv(sock, 1 << 16)
+                assert chunk
+                got += chunk
+        await send
+        assert bytes(got) == payload
+    finally:
+        sock.close()
+
+
+async def test_not_a_mesh_service_is_forwarded_to_the_original_destination(world):
+    c = await Client.connect(world.pods["a"], (world.pods["c"].ip, 7000))
+    try:
+        status, _, body = await c.request("/plain")
+        assert status == 200
+        assert json.loads(body) == {"server": "c:7000", "client_id": None, "len": 0}
+    finally:
+        c.close()
+
+
+def _two(world, *, ports=(8080, 8081), routes=(), vip=VIP_TWO) -> Destination:
+    web2 = world.pods["web2"]
+    return Destination(
+        target=f"{vip}:80",
+        authority="two.shop.svc.cluster.local:80",
+        exists=True,
+        endpoints=tuple(Endpoint(addr=(web2.ip, p), tls_identity=WEB.dns_name) for p in ports),
+        profile=Profile(routes=routes, retry_budget=RetryBudget()) if routes else None,
+    )
+
+
+async def test_endpoint_removal_mid_load_loses_no_request(world):
+    world.push("n1", ("dst", f"{VIP_TWO}:80"), _two(world))
+    clients = [await Client.connect(world.pods["a"], (VIP_TWO, 80)) for _ in range(4)]
+    results: list[int] = []
+    removed_at: list[float] = []
+
+    async def load(c):
+        for i in range(150):
+            status, _, body = await c.request(f"/r/{i}")
+            results.append(status)
+            srv = json.loads(body)["server"]
+            if removed_at and time.monotonic() > removed_at[0] + 0.5:
+                assert srv == "web2:8080"
+
+    async def remove():
+        await asyncio.sleep(0.3)
+        world.push("n1", ("dst", f"{VIP_TWO}:80"), _two(world, ports=(8080,)))
+        removed_at.append(time.monotonic())
+
+    try:
+        await asyncio.gather(*(load(c) for c in clients), remove())
+    finally:
+        for c in clients:
+            c.close()
+    assert results == [200] * 600
+    assert removed_at
+
+
+async def test_retryable_route_hides_a_failing_endpoint(world):
+    route = Route(
+        name="fail", condition=MatchAll((MethodIs("GET"), PathRegex("/fail.*"))), is_retryable=True
+    )
+    dst = _two(world, ports=(8082, 8081), routes=(route,), vip=VIP_RETRY)
+    world.push("n1", ("dst", f"{VIP_RETRY}:80"), dst)
+    c = await Client.connect(world.pods["a"], (VIP_RETRY, 80))
+    before = len([h for h in world.hits if h[0] == "web2:8082"])
+    try:
+        statuses = [(await c.request(f"/fail/{i}"))[0] for i in range(40)]
+    finally:
+        c.close()
+    assert statuses == [200] * 40
+    assert len([h for h in world.hits if h[0] == "web2:8082"]) > before  # the bad one was tried
+
+
+async def test_route_timeout_answers_504(world):
+    route = Route(name="slow", condition=PathRegex("/slow.*"), timeout_s=0.3)
+    world.push("n1", ("dst", f"{VIP_TWO}:80"), _two(world, ports=(8080,), routes=(route,)))
+    c = await Client.connect(world.pods["a"], (VIP_TWO, 80))
+    try:
+        t0 = time.monotonic()
+        status, head, _ = await c.request("/slow")
+        took = time.monotonic() - t0
+        assert status == 504
+        assert http1.get_header(head.headers, b"l5d-proxy-error") is not None
+        assert took < 0.9
+        status, _, _ = await c.request("/fast")  # the connection still serves
+        assert status == 200
+    finally:
+        c.close()
+
+
+async def test_policy_revocation_closes_a_live_tcp_connection_within_2s(world):
+    key = ("policy", "shop/web2", 9000)
+    world.push(
+        "n2", key, replace(ServerPolicy.default("all-authenticated"), protocol=ProxyProtocol.OPAQUE)
+    )
+    sock = await raw_connect(world.pods["a"], (VIP_ECHO, 9000))
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_sendall(sock, b"ping")
+        async with asyncio.timeout(5):
+            assert await loop.sock_recv(sock, 16) == b"ping"
+        world.push("n2", key, allow_identities(BETA, name="beta-only"))
+        t0 = time.monotonic()
+        async with asyncio.timeout(2.0):
+            while True:
+                try:
+                    data = await loop.sock_recv(sock, 16)
+                except ConnectionResetError:
+                    break
+                if not data:
+                    break
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        sock.close()
+        world.push("n2", key, ServerPolicy.default("all-authenticated"))
+
+
+async def test_http2_prior_knowledge_passes_through_intact(world):
+    """h2 is detected on both sides and relayed whole (not parsed yet): bytes come back exact."""
+    sock = await raw_connect(world.pods["a"], (VIP_DETECT, 9000))
+    loop = asyncio.get_running_loop()
+    frames = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00" * 50
+    try:
+        await loop.sock_sendall(sock, frames)
+        got = bytearray()
+        async with asyncio.timeout(5):
+            while len(got) < len(frames):
+                chunk = await loop.sock_recv(sock, 65536)
+                assert chunk
+                got += chunk
+        assert bytes(got) == frames
+    finally:
+        sock.close()
+
+
+async def test_pipelined_requests_are_answered_in_order(world):
+    c = await Client.connect(world.pods["a"], (VIP_WEB, 80))
+    try:
+        paths = [f"/p/{i}" for i in range(10)]
+        for _ in paths:
+            c.parser.expect(b"GET")
+        c.writer.write(
+            b"".join(
+                http1.request_head_bytes(b"GET", p.encode(), [(b"host", b"web")]) for p in paths
+            )
+        )
+        seen: list[int] = []
+        async with asyncio.timeout(10):
+            while len(seen) < len(paths):
+                events = c.parser.feed(await c.reader.read(65536))
+                seen += [ev.status for ev in events if isinstance(ev, http1.ResponseHead)]
+        assert seen == [200] * 10
+        order = [h[1] for h in world.hits if h[1].startswith("/p/")][-10:]
+        assert order == paths
+    finally:
+        c.close()
+
+
+async def test_chunked_request_body_streams_through(world):
+    c = await Client.connect(world.pods["a"], (VIP_WEB, 80))
+    try:
+        chunks = [secrets.token_bytes(n) for n in (1, 1000, 70000, 5)]
+        body = b"".join(b"%x\r\n" % len(ch) + ch + b"\r\n" for ch in chunks) + b"0\r\n\r\n"
+        c.parser.expect(b"POST")
+        c.writer.write(
+            http1.request_head_bytes(
+                b"POST", b"/upload", [(b"host", b"web"), (b"transfer-encoding", b"chunked")]
+            )
+            + body
+        )
+        got = b""
+        async with asyncio.timeout(10):
+            while not got.endswith(b"}"):
+                got += await c.reader.read(65536)
+        assert got.startswith(b"HTTP/1.1 200")
+        # the app parses raw (chunk framing kept), so it counts the wire bytes: all of them
+        assert json.loads(got.partition(b"\r\n\r\n")[2])["len"] == len(body)
+    finally:
+        c.close()

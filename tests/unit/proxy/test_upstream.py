@@ -1,0 +1,117 @@
+"""agent.proxy.upstream: SSL contexts fail closed and are cached per material; the idle pool."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from agent.identity import ca
+from agent.identity.csr import check_csr, make_csr, new_key
+from agent.identity.names import Identity
+from agent.identity.tls import chain_pem
+from agent.proxy.state import TlsMaterial
+from agent.proxy.upstream import ConnPool, TlsContexts, UpstreamError
+
+WEB = Identity(sa="web", ns="shop")
+
+
+@pytest.fixture(scope="module")
+def material(tmp_path_factory) -> TlsMaterial:
+    d = tmp_path_factory.mktemp("pki")
+    now = datetime.now(UTC)
+    ca.create_root(d / "root", now=now)
+    ca.create_issuer(d / "issuer", d / "root", now=now)
+    issuer = ca.load_issuer(d / "issuer", now=now)
+    key = new_key()
+    leaf, chain, until = issuer.sign_leaf(check_csr(make_csr(key, WEB), WEB.dns_name), WEB, now=now)
+    der = key.private_bytes(
+        serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return TlsMaterial(
+        identity=WEB.dns_name,
+        cert_chain_pem=chain_pem(leaf, chain),
+        key_der=der,
+        trust_pem=issuer.bundle.pem,
+        not_after=until.timestamp(),
+    )
+
+
+def test_no_material_fails_closed():
+    with pytest.raises(UpstreamError, match="no TLS material"):
+        TlsContexts().client(None, WEB.dns_name, now=time.time())
+
+
+def test_expired_material_fails_closed(material):
+    with pytest.raises(UpstreamError, match="expired"):
+        TlsContexts().server(material, WEB.dns_name, now=material.not_after + 1)
+
+
+def test_garbage_key_fails_closed(material):
+    bad = replace(material, key_der=b"not a key")
+    with pytest.raises(UpstreamError, match="unusable"):
+        TlsContexts().client(bad, WEB.dns_name, now=time.time())
+
+
+def test_contexts_are_cached_until_the_material_changes(material):
+    tls = TlsContexts()
+    now = time.time()
+    first = tls.client(material, WEB.dns_name, now=now)
+    assert tls.client(material, WEB.dns_name, now=now) is first
+    renewed = replace(material, not_after=material.not_after + 1)
+    assert tls.client(renewed, WEB.dns_name, now=now) is not first
+    assert tls.server(material, WEB.dns_name, now=now) is not first  # server side is its own
+
+
+class FakeConn:
+    def __init__(self) -> None:
+        self.pool_key = None
+        self.idle_since = 0.0
+        self.alive = True
+        self.closed = False
+
+    @property
+    def reusable(self) -> bool:
+        return self.alive and not self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_pool_reuses_live_connections_per_key_and_skips_dead_ones():
+    pool = ConnPool(idle_timeout=60)
+    made: list[FakeConn] = []
+
+    async def opener():
+        made.append(FakeConn())
+        return made[-1]
+
+    c1, reused = await pool.acquire("k", opener)
+    assert not reused
+    pool.release(c1)
+    c2, reused = await pool.acquire("k", opener)
+    assert (c2, reused) == (c1, True)
+    other, _ = await pool.acquire("other", opener)
+    assert other is not c1
+    pool.release(c1)
+    c1.alive = False  # the server closed it while idle
+    c3, reused = await pool.acquire("k", opener)
+    assert not reused
+    assert c3 is not c1
+    assert c1.closed
+    pool.close()
+
+
+async def test_pool_closes_connections_beyond_its_idle_limit():
+    pool = ConnPool(max_idle=1)
+    a, b = FakeConn(), FakeConn()
+    a.pool_key = b.pool_key = "k"
+    pool.release(a)
+    pool.release(b)
+    assert pool.idle_count("k") == 1
+    assert b.closed
+    pool.close()
+    assert a.closed
