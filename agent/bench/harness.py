@@ -1,0 +1,321 @@
+"""One bench run: build the lab, run every chosen load against every chosen setup.
+
+Rules:
+1. Setups run one after another under the same loads and durations; a setup
+   or load that fails becomes a row with `error` and the run carries on.
+2. CPU seconds per row are the proxy processes' (user + system) during that
+   load (`Target.proxy_pids`); the load generator and servers run in their
+   pods and are not counted. `rss_mb` is the proxy processes' RSS after it.
+3. `memory-P` starts a node agent for P meshed pods (extra idle pods on node
+   `a`) for each meshagent capture mode in the run and reads RSS (and PSS)
+   of the agent and its workers once it is ready.
+4. Everything the run creates is removed at the end, also on failure or
+   Ctrl-C (the lab's records; eBPF pin roots; the work directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import os
+import platform
+import secrets
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from agent.bench import loads, report, setups
+from agent.errors import AgentError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from agent.bench.setups import Target, Topology
+
+logger = logging.getLogger(__name__)
+
+ALL_LOADS = (
+    "http1-rate-500",
+    "http1-rate-1000",
+    "http1-rate-2000",
+    "http1-saturate",
+    "h2-saturate",
+    "tcp-throughput",
+    "conn-rate",
+)
+MEMORY_PODS = (1, 10, 50, 100)
+QUICK_MEMORY_PODS = (1, 10, 100)
+QUICK_LOADS = tuple(x for x in ALL_LOADS if x != "http1-rate-500")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """What one run measures and for how long."""
+
+    setups: tuple[str, ...] = tuple(setups.SETUPS)
+    loads: tuple[str, ...] = ALL_LOADS
+    memory_pods: tuple[int, ...] = MEMORY_PODS
+    duration_s: float = 10.0
+    warmup_s: float = 2.0
+    workdir: Path | None = None
+
+    @classmethod
+    def make(
+        cls,
+        *,
+        quick: bool,
+        setups_: str | None = None,
+        loads_: str | None = None,
+        duration_s: float | None = None,
+    ) -> Options:
+        """Options from the CLI's values.
+
+        Raises:
+            ValueError: an unknown setup or load name.
+        """
+        wanted_setups = _pick(setups_, tuple(setups.SETUPS), "setup") if setups_ else None
+        all_loads = (*ALL_LOADS, *(f"memory-{p}" for p in MEMORY_PODS), "memory")
+        base_loads = QUICK_LOADS if quick else ALL_LOADS
+        memory: tuple[int, ...] = QUICK_MEMORY_PODS if quick else MEMORY_PODS
+        chosen = (*base_loads, "memory")
+        if loads_:
+            chosen = _pick(loads_, all_loads, "load", prefix=True)
+        run_loads = tuple(x for x in chosen if not x.startswith("memory"))
+        if "memory" not in chosen:
+            memory = tuple(int(x.split("-")[1]) for x in chosen if x.startswith("memory-"))
+        return cls(
+            setups=wanted_setups or tuple(setups.SETUPS),
+            loads=run_loads,
+            memory_pods=memory,
+            duration_s=duration_s or (1.5 if quick else 10.0),
+            warmup_s=0.5 if quick else 2.0,
+        )
+
+
+def _pick(text: str, known: tuple[str, ...], what: str, *, prefix: bool = False) -> tuple[str, ...]:
+    """Names from a comma list; with `prefix`, `http1-rate` picks every `http1-rate-N`.
+
+    Raises:
+        ValueError: a name matches nothing in `known`.
+    """
+    out = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        matches = [k for k in known if k == item or (prefix and k.startswith(item + "-"))]
+        if not matches:
+            raise ValueError(f"unknown {what} {item!r}; known: {', '.join(known)}")
+        out += [m for m in matches if m not in out]
+    return tuple(out)
+
+
+@dataclass(slots=True)
+class _Cpu:
+    """CPU seconds of a set of processes between `start` and `stop`."""
+
+    before: dict[int, float] = field(default_factory=dict)
+
+    @staticmethod
+    def read(pids: list[int]) -> dict[int, float]:
+        out = {}
+        for pid in pids:
+            with contextlib.suppress(psutil.Error):
+                t = psutil.Process(pid).cpu_times()
+                out[pid] = t.user + t.system
+        return out
+
+    def start(self, pids: list[int]) -> None:
+        self.before = self.read(pids)
+
+    def stop(self) -> float:
+        after = self.read(list(self.before))
+        return sum(after[p] - self.before[p] for p in after)
+
+
+def memory_of(pids: list[int]) -> tuple[float, float]:
+    """(RSS, PSS) in MB summed over `pids`."""
+    rss = pss = 0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            info = psutil.Process(pid).memory_full_info()
+            rss += info.rss
+            pss += getattr(info, "pss", info.rss)
+    return round(rss / 2**20, 1), round(pss / 2**20, 1)
+
+
+def machine() -> dict[str, Any]:
+    haproxy = subprocess.run(["haproxy", "-v"], capture_output=True, text=True, check=False)
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "haproxy": haproxy.stdout.split("\n", 1)[0],
+    }
+
+
+def _row(target: Target, load: str, m: loads.Measured, cpu_s: float) -> dict[str, Any]:
+    rss, _ = memory_of(target.proxy_pids())
+    row: dict[str, Any] = {
+        "setup": target.setup,
+        "load": load,
+        "rps": round(m.rps, 1) if m.requests else None,
+        "p50_ms": m.p50_ms,
+        "p99_ms": m.p99_ms,
+        "p999_ms": m.p999_ms,
+        "added_p99_ms": None,
+        "gbps": round(m.gbps, 3) if m.bytes else None,
+        "rss_mb": rss if target.roots else None,
+        "cpu_s": round(cpu_s, 3) if target.roots else None,
+        "cpu_s_per_req": None,
+        "cpu_s_per_gb": None,
+        "requests": m.requests,
+        "errors": m.errors,
+        "hops": target.hops,
+        "mtls": target.mtls,
+    }
+    if target.roots and m.requests:
+        row["cpu_s_per_req"] = cpu_s / m.requests
+    if target.roots and m.bytes:
+        row["cpu_s_per_gb"] = round(cpu_s / (m.bytes / 1e9), 3)
+    return row
+
+
+def _applicable(target: Target, load: str) -> str | None:
+    """Why `load` cannot run on `target`, or None."""
+    if load == "tcp-throughput" and not target.iperf_port:
+        return "not a TCP proxy (HTTP mode): see haproxy-tcp"
+    return None
+
+
+def _one_load(target: Target, load: str, opts: Options) -> loads.Measured:
+    d, w = opts.duration_s, opts.warmup_s
+    if load.startswith("http1-rate-"):
+        return loads.http1_rate(target, int(load.rsplit("-", 1)[1]), d, w)
+    runners: dict[str, Callable[[], loads.Measured]] = {
+        "http1-saturate": lambda: loads.http1_saturate(target, d),
+        "h2-saturate": lambda: loads.h2_saturate(target, d),
+        "tcp-throughput": lambda: loads.tcp_throughput(target, d),
+        "conn-rate": lambda: loads.conn_rate(target, d, min(w, 0.5)),
+    }
+    return runners[load]()
+
+
+def _run_setup(topo: Topology, name: str, opts: Options, rows: list[dict[str, Any]]) -> None:
+    try:
+        with setups.SETUPS[name](topo) as target:
+            for load in opts.loads:
+                skip = _applicable(target, load)
+                if skip:
+                    continue
+                cpu = _Cpu()
+                cpu.start(target.proxy_pids())
+                try:
+                    m = _one_load(target, load, opts)
+                except AgentError as exc:
+                    rows.append({"setup": name, "load": load, "error": str(exc)[:300]})
+                    continue
+                rows.append(_row(target, load, m, cpu.stop()))
+                logger.info("measured", extra={"setup": name, "load": load, "rps": rows[-1]["rps"]})
+    except AgentError as exc:
+        rows.append({"setup": name, "load": "*", "error": str(exc)[:300]})
+
+
+def _memory(topo: Topology, opts: Options, rows: list[dict[str, Any]]) -> None:
+    modes = [
+        m for m in ("iptables", "ebpf") if any(s.startswith(f"meshagent-{m}") for s in opts.setups)
+    ]
+    if not modes or not opts.memory_pods:
+        return
+    idle = [topo.cli, topo.srv]
+    need = max(opts.memory_pods)
+    idle += [topo.lab.pod(topo.a, f"idle{k}") for k in range(len(idle), need)]
+    for mode in modes:
+        for count in opts.memory_pods:
+            load = f"memory-{count}"
+            try:
+                agent = setups.start_node_agent(
+                    idle[:count], mode, name=f"{mode}-mem", workdir=topo.workdir
+                )
+            except AgentError as exc:
+                rows.append({"setup": f"meshagent-{mode}", "load": load, "error": str(exc)[:300]})
+                continue
+            try:
+                time.sleep(0.5)
+                pids = [agent.pid] + [
+                    c.pid for c in psutil.Process(agent.pid).children(recursive=True)
+                ]
+                rss, pss = memory_of(pids)
+            finally:
+                agent.stop()
+            rows.append(
+                {
+                    "setup": f"meshagent-{mode}",
+                    "load": load,
+                    "rss_mb": rss,
+                    "pss_mb": pss,
+                    "processes": len(pids),
+                }
+            )
+
+
+def _warm_up(topo: Topology) -> None:
+    """One discarded second of load: the first measured run must not pay for cold caches."""
+    with setups.direct(topo) as target, contextlib.suppress(AgentError):
+        loads.http1_rate(target, 1000, 1.0, 0.0)
+
+
+def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the bench; the JSON document (`agent.bench.report.document`).
+
+    Raises:
+        LabError, BenchError: the topology could not be built.
+    """
+    from agent.netlab import Lab  # noqa: PLC0415 - pyroute2 is heavy
+
+    say = progress or (lambda _msg: None)
+    Lab.cleanup_stale()
+    workdir = setups.new_workdir(opts.workdir)
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    started = time.monotonic()
+    try:
+        with Lab("mab" + secrets.token_hex(2)) as lab:
+            say("building the lab: nodes a, b; pods cli, srv (a), srv2 (b)")
+            topo = setups.build_topology(lab, workdir)
+            _warm_up(topo)
+            for name in opts.setups:
+                say(f"setup {name}")
+                _run_setup(topo, name, opts, rows)
+            if opts.memory_pods:
+                say(f"memory with {', '.join(map(str, opts.memory_pods))} meshed pods")
+                _memory(topo, opts, rows)
+    finally:
+        setups.remove_workdir(workdir)
+    notes.append(f"run took {time.monotonic() - started:.0f}s; {opts.duration_s}s per load")
+    notes += _not_yet_notes(opts)
+    return report.document(machine(), rows, notes)
+
+
+def _not_yet_notes(opts: Options) -> list[str]:
+    if not any(s.startswith("meshagent-") for s in opts.setups):
+        return []
+    return [
+        (
+            "meshagent setups use the stand-in node agent (agent.bench.node): redirect + worker "
+            "pool + opaque TCP relay; no mTLS on the cross-node hop, no HTTP awareness, no "
+            "control plane, until `meshagent run` (agent/supervisor.py) can be started from a "
+            "manifests folder"
+        ),
+    ]

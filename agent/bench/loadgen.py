@@ -1,0 +1,242 @@
+"""The bench's HTTP/1.1 load generator: constant rate (wrk2-style) or new connections.
+
+`python -m agent.bench.loadgen --target IP:PORT --mode rate --rate R
+--connections C --duration S` runs inside the client pod (started with
+`LabPod.spawn`, so its CPU is not the proxy's) and prints one JSON object:
+`{"requests", "errors", "elapsed_s", "hist"}` (hist: `agent.bench.hist`).
+
+Rules:
+1. `rate`: request i is due at `t0 + i/R`; connection k of C keep-alive
+   connections sends requests k, k+C, k+2C... A connection that is still
+   waiting for a response sends its next request late, and that request's
+   latency counts from its *due* time (coordinated omission corrected). Timers
+   here have about 1 ms resolution, so a request may go out up to `EARLY_S`
+   before it is due; its latency then counts from when it was really sent:
+   latency = done - min(due, sent).
+2. `conn`: C loops each open a connection, send one `Connection: close`
+   request, read the whole response and close; latency is connect to response.
+3. The run stops itself after `--duration` seconds (plus at most one response
+   timeout); nothing is recorded during `--warmup`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+import httptools
+
+from agent import aio
+from agent.bench.hist import Histogram
+
+EARLY_S = 0.001
+RESPONSE_TIMEOUT_S = 5.0
+
+
+def request_bytes(host: str, path: str = "/", *, close: bool = False) -> bytes:
+    conn = "Connection: close\r\n" if close else ""
+    return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{conn}\r\n".encode()
+
+
+class _Client(asyncio.Protocol):
+    """One HTTP/1.1 connection; `ask()` sends a request and awaits its response."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[int] | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.status = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment] # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(exc)
+
+    def on_message_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(time.perf_counter_ns())
+
+    def eof_received(self) -> bool:
+        self._fail(ConnectionError("closed by peer"))
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(exc or ConnectionError("connection lost"))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+
+    async def ask(self, data: bytes) -> int:
+        """Send `data`, wait for one full response: its completion time (perf ns)."""
+        assert self.transport is not None  # noqa: S101 - after connection_made
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        async with asyncio.timeout(RESPONSE_TIMEOUT_S):
+            return await self.waiter
+
+
+class Run:
+    """What one load run counted."""
+
+    def __init__(self) -> None:
+        self.hist = Histogram()
+        self.requests = 0
+        self.errors = 0
+        self.record_from = 0  # perf ns; earlier completions are warm-up
+
+    def done(self, due_ns: int, sent_ns: int, done_ns: int, status: int) -> None:
+        if done_ns < self.record_from:
+            return
+        if status >= 500 or status == 0:
+            self.errors += 1
+            return
+        self.requests += 1
+        self.hist.record((done_ns - min(due_ns, sent_ns)) // 1000)
+
+    def to_dict(self, elapsed_s: float) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "elapsed_s": elapsed_s,
+            "hist": self.hist.to_dict(),
+        }
+
+
+async def _connect(host: str, port: int) -> _Client:
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(RESPONSE_TIMEOUT_S):
+        _, proto = await loop.create_connection(_Client, host, port)
+    return proto
+
+
+async def _rate_conn(  # noqa: PLR0913, PLR0917 - one connection's share of the schedule
+    run: Run, host: str, port: int, req: bytes, first_ns: int, step_ns: int, end_ns: int
+) -> None:
+    client: _Client | None = None
+    due = first_ns
+    while due < end_ns:
+        now = time.perf_counter_ns()
+        if now > end_ns:
+            run.errors += (end_ns - due) // step_ns + 1  # never sent: the target stalled
+            break
+        if due - now > EARLY_S * 1e9:
+            await asyncio.sleep((due - now) / 1e9 - EARLY_S)
+        try:
+            if client is None or client.closed.done():
+                client = await _connect(host, port)
+            sent = time.perf_counter_ns()
+            done = await client.ask(req)
+            run.done(due, sent, done, client.status)
+        except (OSError, TimeoutError, httptools.HttpParserError):
+            run.errors += 1
+            if client is not None and client.transport is not None:
+                client.transport.abort()
+            client = None
+        due += step_ns
+    if client is not None and client.transport is not None:
+        client.transport.close()
+
+
+async def run_rate(  # noqa: PLR0913 - the load's knobs
+    host: str, port: int, *, rate: float, connections: int, duration: float, warmup: float = 0.0
+) -> dict[str, Any]:
+    """Constant-rate keep-alive load (module rule 1)."""
+    run = Run()
+    req = request_bytes(host)
+    interval_ns = int(1e9 / rate)
+    t0 = time.perf_counter_ns() + 50_000_000  # 50 ms to open the connections
+    run.record_from = t0 + int(warmup * 1e9)
+    end = run.record_from + int(duration * 1e9)
+    tasks = [
+        aio.spawn(
+            _rate_conn(run, host, port, req, t0 + k * interval_ns, interval_ns * connections, end),
+            name=f"conn-{k}",
+        )
+        for k in range(connections)
+    ]
+    await asyncio.gather(*tasks)
+    elapsed = (time.perf_counter_ns() - run.record_from) / 1e9
+    return run.to_dict(min(elapsed, duration) if elapsed > 0 else duration)
+
+
+async def _conn_loop(run: Run, host: str, port: int, req: bytes, end_ns: int) -> None:
+    loop = asyncio.get_running_loop()
+    while time.perf_counter_ns() < end_ns:
+        start = time.perf_counter_ns()
+        try:
+            async with asyncio.timeout(RESPONSE_TIMEOUT_S):
+                transport, client = await loop.create_connection(_Client, host, port)
+            try:
+                done = await client.ask(req)
+                run.done(start, start, done, client.status)
+            finally:
+                transport.close()
+        except (OSError, TimeoutError, httptools.HttpParserError):
+            run.errors += 1
+            await asyncio.sleep(0.01)
+
+
+async def run_conn(
+    host: str, port: int, *, connections: int, duration: float, warmup: float = 0.0
+) -> dict[str, Any]:
+    """New-connection load (module rule 2)."""
+    run = Run()
+    req = request_bytes(host, close=True)
+    run.record_from = time.perf_counter_ns() + int(warmup * 1e9)
+    end = run.record_from + int(duration * 1e9)
+    tasks = [
+        aio.spawn(_conn_loop(run, host, port, req, end), name=f"conn-{k}")
+        for k in range(connections)
+    ]
+    await asyncio.gather(*tasks)
+    return run.to_dict(duration)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m agent.bench.loadgen")
+    p.add_argument("--target", required=True, metavar="IP:PORT")
+    p.add_argument("--mode", choices=["rate", "conn"], default="rate")
+    p.add_argument("--rate", type=float, default=1000.0)
+    p.add_argument("--connections", type=int, default=16)
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--warmup", type=float, default=0.0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    host, _, port_text = args.target.rpartition(":")
+    port = int(port_text)
+    if args.mode == "rate":
+        coro = run_rate(
+            host,
+            port,
+            rate=args.rate,
+            connections=args.connections,
+            duration=args.duration,
+            warmup=args.warmup,
+        )
+    else:
+        coro = run_conn(
+            host, port, connections=args.connections, duration=args.duration, warmup=args.warmup
+        )
+    result = aio.run(coro)
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

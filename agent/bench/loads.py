@@ -1,0 +1,201 @@
+"""The bench's loads: each runs inside the client pod, stops itself, returns numbers.
+
+    http1-rate-N     agent.bench.loadgen, constant N req/s, 16 keep-alive connections
+    http1-saturate   wrk, 64 connections, 2 threads
+    h2-saturate      h2load (h2c prior knowledge), 4 connections x 16 streams
+    tcp-throughput   iperf3, one stream
+    conn-rate        agent.bench.loadgen --mode conn, 16 loops of connect/request/close
+
+Rules:
+1. A load returns a `Measured`: requests (or bytes) done, errors, elapsed
+   seconds and, when it measured them, latency percentiles in ms.
+2. Output parsers are pure functions (tested on recorded output); a load
+   whose tool fails raises `LoadError` with the tool's stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agent.bench.hist import Histogram
+from agent.errors import AgentError
+
+if TYPE_CHECKING:
+    from agent.bench.setups import Target
+
+RATE_CONNECTIONS = 16
+SATURATE_CONNECTIONS = 64
+CONN_LOOPS = 16
+
+
+class LoadError(AgentError):
+    """A load tool failed or printed what we cannot read."""
+
+    def __init__(self, load: str, reason: str) -> None:
+        self.load = load
+        self.reason = reason
+        super().__init__(f"load {load}: {reason}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measured:
+    """What one load run measured."""
+
+    requests: int = 0
+    errors: int = 0
+    elapsed_s: float = 0.0
+    bytes: int = 0
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    p999_ms: float | None = None
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes * 8 / self.elapsed_s / 1e9 if self.elapsed_s > 0 else 0.0
+
+
+# --- parsers (pure) ---------------------------------------------------------------
+
+
+def from_loadgen(text: str) -> Measured:
+    """Raises: ValueError: not the loadgen's JSON."""
+    data = json.loads(text)
+    hist = Histogram.from_dict(data["hist"])
+    return Measured(
+        requests=int(data["requests"]),
+        errors=int(data["errors"]),
+        elapsed_s=float(data["elapsed_s"]),
+        p50_ms=hist.percentile(50) / 1000,
+        p99_ms=hist.percentile(99) / 1000,
+        p999_ms=hist.percentile(99.9) / 1000,
+    )
+
+
+_WRK_TOTAL = re.compile(r"(\d+) requests in ([\d.]+)(us|ms|s|m)")
+_WRK_PCT = re.compile(r"^\s*(50|99)(?:\.000)?%\s+([\d.]+)(us|ms|s)\s*$", re.MULTILINE)
+_WRK_ERR = re.compile(
+    r"Non-2xx or 3xx responses: (\d+)|Socket errors: connect (\d+), read (\d+), "
+    r"write (\d+), timeout (\d+)"
+)
+_UNIT_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+
+
+def from_wrk(text: str) -> Measured:
+    """wrk's text output (with --latency).
+
+    Raises:
+        ValueError: no request total in it.
+    """
+    total = _WRK_TOTAL.search(text)
+    if total is None:
+        raise ValueError("no 'N requests in T' line in wrk output")
+    pct = {m[0]: float(m[1]) * _UNIT_S[m[2]] * 1000 for m in _WRK_PCT.findall(text)}
+    errors = 0
+    for m in _WRK_ERR.finditer(text):
+        errors += sum(int(g) for g in m.groups() if g)
+    return Measured(
+        requests=int(total[1]),
+        errors=errors,
+        elapsed_s=float(total[2]) * _UNIT_S[total[3]],
+        p50_ms=pct.get("50"),
+        p99_ms=pct.get("99"),
+    )
+
+
+_H2_FINISHED = re.compile(r"finished in ([\d.]+)(us|ms|s),")
+_H2_REQS = re.compile(
+    r"requests: (\d+) total, \d+ started, \d+ done, (\d+) succeeded, (\d+) failed"
+)
+
+
+def from_h2load(text: str) -> Measured:
+    """h2load's text output.
+
+    Raises:
+        ValueError: no summary in it.
+    """
+    fin = _H2_FINISHED.search(text)
+    reqs = _H2_REQS.search(text)
+    if fin is None or reqs is None:
+        raise ValueError("no 'finished in' / 'requests:' lines in h2load output")
+    return Measured(
+        requests=int(reqs[2]),
+        errors=int(reqs[3]),
+        elapsed_s=float(fin[1]) * _UNIT_S[fin[2]],
+    )
+
+
+def from_iperf3(text: str) -> Measured:
+    """iperf3 -J output.
+
+    Raises:
+        ValueError: no end summary (iperf3 reports its own errors in "error").
+    """
+    data = json.loads(text)
+    if "error" in data:
+        raise ValueError(f"iperf3: {data['error']}")
+    received = data["end"]["sum_received"]
+    return Measured(bytes=int(received["bytes"]), elapsed_s=float(received["seconds"]))
+
+
+# --- runners ----------------------------------------------------------------------
+
+
+def _run(target: Target, load: str, argv: list[str], timeout: float) -> str:
+    from agent.netlab import LabError  # noqa: PLC0415 - lab only when running
+
+    try:
+        done = target.client.run(argv, timeout=timeout)
+    except LabError as exc:
+        raise LoadError(load, exc.reason[-1500:]) from exc
+    return done.stdout
+
+
+def _parse(load: str, parse: object, text: str) -> Measured:
+    try:
+        return parse(text)  # type: ignore[operator, no-any-return]
+    except (ValueError, KeyError) as exc:
+        raise LoadError(load, f"{exc}: {text[-500:]!r}") from exc
+
+
+def http1_rate(target: Target, rate: int, duration: float, warmup: float) -> Measured:
+    argv = [sys.executable, "-m", "agent.bench.loadgen", "--mode", "rate"]
+    argv += [f"--target={target.host}:{target.http_port}", f"--rate={rate}"]
+    argv += [f"--connections={RATE_CONNECTIONS}", f"--duration={duration}", f"--warmup={warmup}"]
+    load = f"http1-rate-{rate}"
+    return _parse(load, from_loadgen, _run(target, load, argv, duration + warmup + 30))
+
+
+def conn_rate(target: Target, duration: float, warmup: float) -> Measured:
+    argv = [sys.executable, "-m", "agent.bench.loadgen", "--mode", "conn"]
+    argv += [f"--target={target.host}:{target.http_port}", f"--connections={CONN_LOOPS}"]
+    argv += [f"--duration={duration}", f"--warmup={warmup}"]
+    return _parse("conn-rate", from_loadgen, _run(target, "conn-rate", argv, duration + 30))
+
+
+def http1_saturate(target: Target, duration: float) -> Measured:
+    argv = ["wrk", "-t2", f"-c{SATURATE_CONNECTIONS}", f"-d{max(1, round(duration))}s"]
+    argv += ["--latency", f"http://{target.host}:{target.http_port}/"]
+    return _parse("http1-saturate", from_wrk, _run(target, "http1-saturate", argv, duration + 30))
+
+
+def h2_saturate(target: Target, duration: float) -> Measured:
+    argv = ["h2load", "-c4", "-m16", "-t1", f"-D{max(1, round(duration))}"]
+    argv += [f"http://{target.host}:{target.http_port}/"]
+    return _parse("h2-saturate", from_h2load, _run(target, "h2-saturate", argv, duration + 30))
+
+
+def tcp_throughput(target: Target, duration: float) -> Measured:
+    argv = ["iperf3", "-c", target.host, "-p", str(target.iperf_port), "-J"]
+    argv += ["-t", str(max(1, round(duration)))]
+    return _parse(
+        "tcp-throughput", from_iperf3, _run(target, "tcp-throughput", argv, duration + 30)
+    )

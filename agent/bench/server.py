@@ -1,0 +1,125 @@
+"""The bench's test server: HTTP/1.1 keep-alive and h2c (prior knowledge), tiny answers.
+
+`python -m agent.bench.server --port 8080` runs inside the server pod (started
+with `LabPod.spawn`), on uvloop, and answers every request `200 ok` (2 bytes).
+
+Rules:
+1. A connection whose first bytes are the HTTP/2 preface speaks h2c (the
+   `h2` library); any other speaks HTTP/1.1 (`httptools`), keep-alive unless
+   the request says `Connection: close`.
+2. One process, one loop: the server's cost is the same in every setup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import h2.config
+import h2.connection
+import h2.events
+import httptools
+
+from agent import aio
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+BODY = b"ok"
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\n" + BODY
+RESPONSE_CLOSE = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n"
+    b"Connection: close\r\n\r\n" + BODY
+)
+
+
+class _Http1:
+    """HTTP/1.1 on one connection."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.parser = httptools.HttpRequestParser(self)
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.transport.close()
+
+    def on_message_complete(self) -> None:
+        if self.parser.should_keep_alive():
+            self.transport.write(RESPONSE)
+        else:
+            self.transport.write(RESPONSE_CLOSE)
+            self.transport.close()
+
+
+class _H2:
+    """h2c on one connection."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
+        self.conn = h2.connection.H2Connection(config=config)
+        self.conn.initiate_connection()
+        self.transport.write(self.conn.data_to_send())
+
+    def feed(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except Exception:  # noqa: BLE001 - any protocol error ends the connection
+            self.transport.close()
+            return
+        for event in events:
+            if isinstance(event, h2.events.ConnectionTerminated):
+                self.transport.close()
+                return
+            if isinstance(event, h2.events.RequestReceived):
+                sid = event.stream_id
+                self.conn.send_headers(sid, [(b":status", b"200"), (b"content-length", b"2")])
+                self.conn.send_data(sid, BODY, end_stream=True)
+        out = self.conn.data_to_send()
+        if out:
+            self.transport.write(out)
+
+
+class _Server(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.proto: _Http1 | _H2 | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment] # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        if self.proto is not None:
+            self.proto.feed(data)
+            return
+        assert self.transport is not None  # noqa: S101 - after connection_made
+        self.buf += data
+        if len(self.buf) < len(PREFACE) and PREFACE.startswith(self.buf):
+            return  # could still be the h2 preface
+        h2c = self.buf.startswith(PREFACE)
+        self.proto = _H2(self.transport) if h2c else _Http1(self.transport)
+        data, self.buf = self.buf, b""
+        self.proto.feed(data)
+
+
+async def serve(host: str, port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_Server, host, port, backlog=4096, reuse_address=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent.bench.server")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8080)
+    args = p.parse_args(argv)
+    aio.run(serve(args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

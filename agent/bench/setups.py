@@ -1,0 +1,517 @@
+"""The bench's topology and setups: who sits between the client pod and the server.
+
+Topology (one `agent.netlab.Lab`): two isolated nodes `a` and `b`, linked;
+pods `cli` and `srv` on `a`, `srv2` on `b`. `srv` and `srv2` run the bench
+server (`agent.bench.server`, :8080) and `iperf3 -s` (:5201).
+
+Setups (each a context manager yielding a `Target`):
+    direct, direct-xnode          client -> server, no proxy
+    haproxy-tcp, haproxy-http     HAProxy in the client pod's netns (the
+                                  position of meshagent's outbound listener)
+    haproxy-tls                   HAProxy in `cli` -> mTLS -> HAProxy in `srv2`
+    meshagent-{iptables,ebpf}     one node agent on `a` capturing `cli`, `srv`
+    meshagent-{mode}-xnode        agents on `a` (cli) and `b` (srv2)
+
+Rules:
+1. Every meshagent setup starts its agents through `start_node_agent`, the one
+   place that knows how a node agent is started.
+2. Only processes started here are stopped, by their Popen; the lab kills
+   whatever is left when it closes.
+3. `Target.proxy_pids()` lists the processes whose CPU and memory are the
+   proxy's (HAProxy processes, node agent and its workers), read when asked:
+   workers may be replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from agent.bench import haproxy
+from agent.errors import AgentError
+from agent.redirect import netns
+
+if TYPE_CHECKING:
+    from agent.netlab import Lab, LabNode, LabPod
+
+logger = logging.getLogger(__name__)
+
+HTTP_PORT = 8080
+IPERF_PORT = 5201
+PROXY_HTTP_PORT = 18080  # HAProxy listeners in the client pod
+PROXY_IPERF_PORT = 15201
+TLS_HTTP_PORT = 18443  # HAProxy mTLS listeners in the server pod
+TLS_IPERF_PORT = 15443
+SERVER_NAME = "srv2.bench.local"
+POD_SYSCTLS = {
+    "net/ipv4/tcp_tw_reuse": "1",
+    "net/ipv4/ip_local_port_range": "1024 65000",
+    "net/core/somaxconn": "4096",
+}
+
+
+class BenchError(AgentError):
+    """A setup could not be started."""
+
+    def __init__(self, setup: str, reason: str) -> None:
+        self.setup = setup
+        self.reason = reason
+        super().__init__(f"bench setup {setup}: {reason}")
+
+
+@dataclass(slots=True, kw_only=True)
+class Target:
+    """Where the client sends its load in one setup, and whose CPU is the proxy's."""
+
+    setup: str
+    client: LabPod
+    host: str
+    http_port: int
+    iperf_port: int
+    hops: int
+    mtls: bool
+    roots: list[int] = field(default_factory=list)  # proxy PIDs; their children count too
+    notes: str = ""
+    http_aware: bool = True  # can it carry HTTP loads
+
+    def proxy_pids(self) -> list[int]:
+        pids: list[int] = []
+        for pid in self.roots:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                pids.append(pid)
+                pids += [c.pid for c in proc.children(recursive=True)]
+        return pids
+
+
+@dataclass(slots=True, kw_only=True)
+class Topology:
+    lab: Lab
+    a: LabNode
+    b: LabNode
+    cli: LabPod
+    srv: LabPod
+    srv2: LabPod
+    workdir: Path
+
+
+def _sysctls(pod: LabPod) -> None:
+    def write() -> None:
+        for key, value in POD_SYSCTLS.items():
+            with contextlib.suppress(OSError):
+                Path("/proc/sys", key).write_text(value)
+
+    netns.run_in(pod.netns, write)
+
+
+def _wait_port(pod: LabPod, host: str, port: int, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        sock = pod.socket()
+        try:
+            sock.settimeout(0.5)
+            sock.connect((host, port))
+        except OSError:
+            time.sleep(0.05)
+        else:
+            return
+        finally:
+            sock.close()
+    raise BenchError(pod.name, f"nothing listens on {host}:{port} after {within}s")
+
+
+def build_topology(lab: Lab, workdir: Path) -> Topology:
+    """Nodes, pods, servers (see the module docstring).
+
+    Raises:
+        LabError: the lab could not create them.
+        BenchError: a server did not start.
+    """
+    a = lab.node("a", isolated=True)
+    b = lab.node("b", isolated=True)
+    lab.link(a, b)
+    topo = Topology(
+        lab=lab,
+        a=a,
+        b=b,
+        cli=lab.pod(a, "cli"),
+        srv=lab.pod(a, "srv"),
+        srv2=lab.pod(b, "srv2"),
+        workdir=workdir,
+    )
+    for pod in (topo.cli, topo.srv, topo.srv2):
+        _sysctls(pod)
+    for pod in (topo.srv, topo.srv2):
+        pod.spawn(
+            [sys.executable, "-m", "agent.bench.server", "--port", str(HTTP_PORT)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        pod.spawn(
+            ["iperf3", "-s", "-p", str(IPERF_PORT)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    for pod in (topo.srv, topo.srv2):
+        _wait_port(topo.cli, pod.ip, HTTP_PORT)
+        _wait_port(topo.cli, pod.ip, IPERF_PORT)
+    return topo
+
+
+# --- node agent -------------------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class NodeAgent:
+    """A running node agent (its root process; workers are its children)."""
+
+    proc: subprocess.Popen[str]
+    pin_root: Path | None
+    pods_file: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s; remove eBPF pins it may have left."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        if self.pin_root is not None and self.pin_root.exists():
+            from agent.redirect.ebpf import EbpfRedirector  # noqa: PLC0415 - bcc is heavy
+
+            with contextlib.suppress(Exception):
+                EbpfRedirector(pin_root=self.pin_root, accelerate=False).uninstall()
+
+
+def start_node_agent(
+    pods: list[LabPod], mode: str, *, name: str, workdir: Path, workers: int = 2
+) -> NodeAgent:
+    """Start a meshagent node agent that captures `pods` with `mode` (iptables|ebpf).
+
+    Today this is `agent.bench.node` (redirector + worker pool, opaque relay,
+    no mTLS); when `meshagent run --pods-from manifests:DIR` works it becomes
+    that, with the pods written as manifests.
+
+    Raises:
+        BenchError: it exited or did not say `ready` within 60 s.
+    """
+    pods_file = workdir / f"agent-{name}-pods.json"
+    pods_file.write_text(
+        json.dumps(
+            [
+                {
+                    "pod": f"bench/{p.name}",
+                    "netns": str(p.netns),
+                    "ip": p.ip,
+                    "cgroup": str(p.cgroup) if p.cgroup else "",
+                }
+                for p in pods
+            ]
+        )
+    )
+    pin_root = Path(f"/sys/fs/bpf/mabench-{name}") if mode == "ebpf" else None
+    argv = [sys.executable, "-m", "agent.bench.node", "--mode", mode, "--pods", str(pods_file)]
+    argv += [
+        "--workers",
+        str(workers),
+        "--worker-log-level",
+        os.environ.get("MESHAGENT_BENCH_WORKER_LOG", "warning"),
+    ]
+    if pin_root is not None:
+        argv += ["--pin-root", str(pin_root)]
+    log = (workdir / f"agent-{name}.log").open("w")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
+    log.close()
+    agent = NodeAgent(proc=proc, pin_root=pin_root, pods_file=pods_file)
+    line = _read_line(proc, within=60.0)
+    if line.strip() != "ready":
+        agent.stop()
+        tail = (workdir / f"agent-{name}.log").read_text()[-2000:]
+        raise BenchError(f"meshagent-{mode}", f"node agent did not start: {line!r} {tail}")
+    return agent
+
+
+def _read_line(proc: subprocess.Popen[str], within: float) -> str:
+    import selectors  # noqa: PLC0415
+
+    assert proc.stdout is not None  # noqa: S101 - started with stdout=PIPE
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout=within):
+            return f"(nothing within {within}s)"
+    return proc.stdout.readline()
+
+
+# --- HAProxy ------------------------------------------------------------------------
+
+
+def _haproxy(pod: LabPod, routes: list[haproxy.Route], path: Path) -> subprocess.Popen[Any]:
+    path.write_text(haproxy.render(routes))
+    check = subprocess.run(
+        ["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, check=False
+    )
+    if check.returncode != 0:
+        raise BenchError("haproxy", f"config {path} rejected: {check.stderr[-1000:]}")
+    return pod.spawn(
+        ["haproxy", "-db", "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def make_certs(directory: Path) -> tuple[haproxy.TlsFiles, haproxy.TlsFiles]:
+    """A bench CA and two ECDSA P-256 leaves (server `SERVER_NAME`, client): (server, client)."""
+    from cryptography import x509  # noqa: PLC0415
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+    from cryptography.x509.oid import NameOID  # noqa: PLC0415
+
+    now = dt.datetime.now(dt.UTC)
+
+    def cert(name: str, key: Any, issuer: Any, issuer_key: Any, *, ca: bool) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False
+            )
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    def pem(c: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> bytes:
+        return c.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench-ca")])
+    ca_cert = cert("bench-ca", ca_key, ca_name, ca_key, ca=True)
+    (directory / "ca.crt").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    out = []
+    for name in (SERVER_NAME, "client.bench.local"):
+        key = ec.generate_private_key(ec.SECP256R1())
+        path = directory / f"{name}.pem"
+        path.write_bytes(pem(cert(name, key, ca_name, ca_key, ca=False), key))
+        out.append(haproxy.TlsFiles(cert=str(path), ca=str(directory / "ca.crt")))
+    return out[0], out[1]
+
+
+# --- setups ----------------------------------------------------------------------------
+
+SetupFn = Callable[[Topology], contextlib.AbstractContextManager[Target]]
+
+
+@contextlib.contextmanager
+def direct(topo: Topology) -> Iterator[Target]:
+    yield Target(
+        setup="direct",
+        client=topo.cli,
+        host=topo.srv.ip,
+        http_port=HTTP_PORT,
+        iperf_port=IPERF_PORT,
+        hops=0,
+        mtls=False,
+    )
+
+
+@contextlib.contextmanager
+def direct_xnode(topo: Topology) -> Iterator[Target]:
+    yield Target(
+        setup="direct-xnode",
+        client=topo.cli,
+        host=topo.srv2.ip,
+        http_port=HTTP_PORT,
+        iperf_port=IPERF_PORT,
+        hops=0,
+        mtls=False,
+    )
+
+
+def _haproxy_one_hop(mode: str) -> SetupFn:
+    @contextlib.contextmanager
+    def setup(topo: Topology) -> Iterator[Target]:
+        routes = [
+            haproxy.Route(
+                name="http",
+                bind=f"127.0.0.1:{PROXY_HTTP_PORT}",
+                target=f"{topo.srv.ip}:{HTTP_PORT}",
+                mode=mode,
+            )
+        ]
+        if mode == "tcp":
+            routes.append(
+                haproxy.Route(
+                    name="iperf",
+                    bind=f"127.0.0.1:{PROXY_IPERF_PORT}",
+                    target=f"{topo.srv.ip}:{IPERF_PORT}",
+                )
+            )
+        proc = _haproxy(topo.cli, routes, topo.workdir / f"haproxy-{mode}.cfg")
+        try:
+            _wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+            yield Target(
+                setup=f"haproxy-{mode}",
+                client=topo.cli,
+                host="127.0.0.1",
+                http_port=PROXY_HTTP_PORT,
+                iperf_port=PROXY_IPERF_PORT if mode == "tcp" else 0,
+                hops=1,
+                mtls=False,
+                roots=[proc.pid],
+            )
+        finally:
+            _stop(proc)
+
+    return setup
+
+
+@contextlib.contextmanager
+def haproxy_tls(topo: Topology) -> Iterator[Target]:
+    server_tls, client_tls = make_certs(topo.workdir)
+    out = [
+        haproxy.Route(
+            name=name,
+            bind=f"127.0.0.1:{port}",
+            target=f"{topo.srv2.ip}:{tls_port}",
+            target_tls=client_tls,
+            sni=SERVER_NAME,
+        )
+        for name, port, tls_port in (
+            ("http", PROXY_HTTP_PORT, TLS_HTTP_PORT),
+            ("iperf", PROXY_IPERF_PORT, TLS_IPERF_PORT),
+        )
+    ]
+    inb = [
+        haproxy.Route(
+            name=name,
+            bind=f"0.0.0.0:{tls_port}",
+            target=f"127.0.0.1:{port}",
+            bind_tls=server_tls,
+        )
+        for name, port, tls_port in (
+            ("http", HTTP_PORT, TLS_HTTP_PORT),
+            ("iperf", IPERF_PORT, TLS_IPERF_PORT),
+        )
+    ]
+    server_side = _haproxy(topo.srv2, inb, topo.workdir / "haproxy-tls-server.cfg")
+    try:
+        client_side = _haproxy(topo.cli, out, topo.workdir / "haproxy-tls-client.cfg")
+        try:
+            _wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT)
+            _wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+            yield Target(
+                setup="haproxy-tls",
+                client=topo.cli,
+                host="127.0.0.1",
+                http_port=PROXY_HTTP_PORT,
+                iperf_port=PROXY_IPERF_PORT,
+                hops=2,
+                mtls=True,
+                roots=[client_side.pid, server_side.pid],
+                notes="mode tcp, mutual TLS 1.3 (P-256) between the two HAProxies",
+            )
+        finally:
+            _stop(client_side)
+    finally:
+        _stop(server_side)
+
+
+def _meshagent(mode: str, *, xnode: bool) -> SetupFn:
+    @contextlib.contextmanager
+    def setup(topo: Topology) -> Iterator[Target]:
+        name = f"meshagent-{mode}" + ("-xnode" if xnode else "")
+        with contextlib.ExitStack() as stack:
+            if xnode:
+                agents = [
+                    start_node_agent([topo.cli], mode, name=f"{mode}-a", workdir=topo.workdir),
+                ]
+                stack.callback(agents[0].stop)
+                agents.append(
+                    start_node_agent([topo.srv2], mode, name=f"{mode}-b", workdir=topo.workdir)
+                )
+                stack.callback(agents[1].stop)
+                server = topo.srv2
+            else:
+                agents = [
+                    start_node_agent(
+                        [topo.cli, topo.srv], mode, name=f"{mode}-a", workdir=topo.workdir
+                    )
+                ]
+                stack.callback(agents[0].stop)
+                server = topo.srv
+            _wait_port(topo.cli, server.ip, HTTP_PORT)
+            yield Target(
+                setup=name,
+                client=topo.cli,
+                host=server.ip,
+                http_port=HTTP_PORT,
+                iperf_port=IPERF_PORT,
+                hops=2,
+                mtls=False,
+                roots=[a.pid for a in agents],
+                notes="stand-in agent (agent.bench.node): opaque relay, no mTLS yet",
+            )
+
+    return setup
+
+
+SETUPS: dict[str, SetupFn] = {
+    "direct": direct,
+    "haproxy-tcp": _haproxy_one_hop("tcp"),
+    "haproxy-http": _haproxy_one_hop("http"),
+    "meshagent-iptables": _meshagent("iptables", xnode=False),
+    "meshagent-ebpf": _meshagent("ebpf", xnode=False),
+    "direct-xnode": direct_xnode,
+    "haproxy-tls": haproxy_tls,
+    "meshagent-iptables-xnode": _meshagent("iptables", xnode=True),
+    "meshagent-ebpf-xnode": _meshagent("ebpf", xnode=True),
+}
+
+
+def new_workdir(base: Path | None = None) -> Path:
+    """A fresh directory for configs, certificates and agent logs."""
+    return Path(tempfile.mkdtemp(prefix="meshagent-bench-", dir=base))
+
+
+def remove_workdir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,79 @@
+"""`meshagent bench` runs end to end: a tiny run, JSON shape and positive numbers.
+
+Benchmarks report, tests assert behaviour: no timing assertions here, only
+that each setup produced positive numbers and the document has its shape.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.privileged
+
+SETUPS = "direct,haproxy-http,meshagent-iptables"
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "bench",
+            "--quick",
+            "-o",
+            "json",
+            "--setups",
+            SETUPS,
+            "--loads",
+            "http1-rate-1000,http1-saturate,memory-1",
+            "--duration",
+            "0.5",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(done.stdout)
+    assert json.loads((out / "bench.json").read_text()) == data
+    return data
+
+
+@pytest.mark.timeout(120)
+def test_quick_bench_prints_machine_results_and_ratios(doc):
+    assert set(doc) >= {"machine", "results", "ratios"}
+    assert doc["machine"]["cpus"] >= 1
+    for row in doc["results"]:
+        assert set(row) >= {"setup", "load"}
+        assert "error" not in row, row
+
+
+@pytest.mark.timeout(120)
+def test_every_setup_measured_positive_rate_and_latency(doc):
+    rows = {(r["setup"], r["load"]): r for r in doc["results"]}
+    for setup in SETUPS.split(","):
+        rate = rows[setup, "http1-rate-1000"]
+        assert rate["rps"] > 0
+        assert 0 < rate["p50_ms"] <= rate["p99_ms"] <= rate["p999_ms"]
+        assert rows[setup, "http1-saturate"]["rps"] > 0
+    for setup in ("haproxy-http", "meshagent-iptables"):
+        assert rows[setup, "http1-saturate"]["cpu_s"] > 0
+        assert rows[setup, "http1-rate-1000"]["added_p99_ms"] is not None
+
+
+@pytest.mark.timeout(120)
+def test_ratios_and_node_memory_are_reported(doc):
+    assert doc["ratios"]["http1_saturate_rps:meshagent-iptables/haproxy-http@http1-saturate"] > 0
+    mem = doc["memory"]["meshagent-iptables@1"]
+    assert mem["rss_mb"] > 0
+    assert mem["linkerd_sidecars_mb"] == [17.0, 26.0]

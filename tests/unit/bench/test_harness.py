@@ -1,0 +1,34 @@
+"""Choosing setups and loads from the CLI's values (no lab needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.bench.harness import ALL_LOADS, QUICK_MEMORY_PODS, Options
+
+
+def test_quick_runs_every_setup_and_short_loads_with_memory():
+    opts = Options.make(quick=True)
+    assert "meshagent-ebpf-xnode" in opts.setups
+    assert "http1-rate-2000" in opts.loads
+    assert opts.memory_pods == QUICK_MEMORY_PODS
+    assert opts.duration_s < 5
+
+
+def test_load_prefix_picks_every_rate_and_memory_n_picks_one_count():
+    opts = Options.make(quick=False, loads_="http1-rate,memory-50")
+    assert opts.loads == tuple(x for x in ALL_LOADS if x.startswith("http1-rate-"))
+    assert opts.memory_pods == (50,)
+
+
+def test_setup_names_match_exactly():
+    opts = Options.make(quick=True, setups_="direct,meshagent-iptables", duration_s=0.5)
+    assert opts.setups == ("direct", "meshagent-iptables")
+    assert opts.duration_s == 0.5
+
+
+def test_unknown_names_are_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="unknown setup 'nginx'"):
+        Options.make(quick=True, setups_="nginx")
+    with pytest.raises(ValueError, match="unknown load"):
+        Options.make(quick=True, loads_="udp")
