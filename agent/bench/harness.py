@@ -6,9 +6,10 @@ Rules:
 2. CPU seconds per row are the proxy processes' (user + system) during that
    load (`Target.proxy_pids`); the load generator and servers run in their
    pods and are not counted. `rss_mb` is the proxy processes' RSS after it.
-3. `memory-P` starts a node agent for P meshed pods (extra idle pods on node
-   `a`) for each meshagent capture mode in the run and reads RSS (and PSS)
-   of the agent and its workers once it is ready.
+3. `memory-P` starts `meshagent run` for P meshed pods (cli, srv and idle
+   pods on node `a`, each with a process) for each meshagent capture mode in
+   the run and reads RSS and PSS of the supervisor and of its workers, apart
+   and summed, once it is ready.
 4. Everything the run creates is removed at the end, also on failure or
    Ctrl-C (the lab's records; eBPF pin roots; the work directory).
 """
@@ -232,40 +233,60 @@ def _run_setup(topo: Topology, name: str, opts: Options, rows: list[dict[str, An
         rows.append({"setup": name, "load": "*", "error": str(exc)[:300]})
 
 
+def _idle_pods(topo: Topology, need: int) -> list[str]:
+    """Roles of `need` meshable pods on node `a`: cli, srv, then idle pods made now
+    (each with a sleeping process, so the agent discovers it)."""
+    from agent.bench.mesh import BenchPod, make_pod  # noqa: PLC0415
+
+    roles = ["cli", "srv"]
+    new = []
+    for k in range(len(roles), need):
+        role = f"idle{k}"
+        lp = make_pod(topo.lab, topo.a, role)
+        lp.spawn(["sleep", "86400"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        new.append(BenchPod(role=role, node=topo.a.name, ip=lp.ip))
+        roles.append(role)
+    if new:
+        topo.mesh.add(new)
+        time.sleep(1.0)  # the control plane polls its folder
+    return roles[:need]
+
+
 def _memory(topo: Topology, opts: Options, rows: list[dict[str, Any]]) -> None:
     modes = [
         m for m in ("iptables", "ebpf") if any(s.startswith(f"meshagent-{m}") for s in opts.setups)
     ]
     if not modes or not opts.memory_pods:
         return
-    idle = [topo.cli, topo.srv]
-    need = max(opts.memory_pods)
-    idle += [topo.lab.pod(topo.a, f"idle{k}") for k in range(len(idle), need)]
+    roles = _idle_pods(topo, max(opts.memory_pods))
     for mode in modes:
         for count in opts.memory_pods:
             load = f"memory-{count}"
             try:
                 agent = setups.start_node_agent(
-                    idle[:count], mode, name=f"{mode}-mem", workdir=topo.workdir
+                    topo, roles[:count], mode, node=topo.a.name, name=f"{mode}-mem"
                 )
             except AgentError as exc:
                 rows.append({"setup": f"meshagent-{mode}", "load": load, "error": str(exc)[:300]})
                 continue
             try:
-                time.sleep(0.5)
-                pids = [agent.pid] + [
-                    c.pid for c in psutil.Process(agent.pid).children(recursive=True)
-                ]
-                rss, pss = memory_of(pids)
+                time.sleep(1.0)
+                workers = agent.worker_pids()
+                sup_rss, sup_pss = memory_of([agent.pid])
+                w_rss, w_pss = memory_of(workers)
             finally:
                 agent.stop()
             rows.append(
                 {
                     "setup": f"meshagent-{mode}",
                     "load": load,
-                    "rss_mb": rss,
-                    "pss_mb": pss,
-                    "processes": len(pids),
+                    "rss_mb": round(sup_rss + w_rss, 1),
+                    "pss_mb": round(sup_pss + w_pss, 1),
+                    "supervisor_rss_mb": sup_rss,
+                    "supervisor_pss_mb": sup_pss,
+                    "workers_rss_mb": w_rss,
+                    "workers_pss_mb": w_pss,
+                    "processes": 1 + len(workers),
                 }
             )
 
@@ -294,13 +315,16 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
         with Lab("mab" + secrets.token_hex(2)) as lab:
             say("building the lab: nodes a, b; pods cli, srv (a), srv2 (b)")
             topo = setups.build_topology(lab, workdir)
-            _warm_up(topo)
-            for name in opts.setups:
-                say(f"setup {name}")
-                _run_setup(topo, name, opts, rows)
-            if opts.memory_pods:
-                say(f"memory with {', '.join(map(str, opts.memory_pods))} meshed pods")
-                _memory(topo, opts, rows)
+            try:
+                _warm_up(topo)
+                for name in opts.setups:
+                    say(f"setup {name}")
+                    _run_setup(topo, name, opts, rows)
+                if opts.memory_pods:
+                    say(f"memory with {', '.join(map(str, opts.memory_pods))} meshed pods")
+                    _memory(topo, opts, rows)
+            finally:
+                topo.mesh.stop()
     finally:
         setups.remove_workdir(workdir)
     notes.append(f"run took {time.monotonic() - started:.0f}s; {opts.duration_s}s per load")
@@ -313,9 +337,9 @@ def _not_yet_notes(opts: Options) -> list[str]:
         return []
     return [
         (
-            "meshagent setups use the stand-in node agent (agent.bench.node): redirect + worker "
-            "pool + opaque TCP relay; no mTLS on the cross-node hop, no HTTP awareness, no "
-            "control plane, until `meshagent run` (agent/supervisor.py) can be started from a "
-            "manifests folder"
+            "meshagent setups run the real node agent (`meshagent run`, 2 workers per node, "
+            "HTTP-aware proxy, policy, metrics) against a `meshagent controlplane` on "
+            "127.0.0.1; same-node: outbound -> inbound without TLS; -xnode: outbound -> mTLS "
+            "-> inbound on the other node"
         ),
     ]

@@ -106,6 +106,16 @@ def memory_summary(rows: Sequence[Row]) -> dict[str, Any]:
         out[f"{r['setup']}@{pods}"] = {
             "rss_mb": r["rss_mb"],
             "pss_mb": r.get("pss_mb"),
+            **{
+                k: r[k]
+                for k in (
+                    "supervisor_rss_mb",
+                    "supervisor_pss_mb",
+                    "workers_rss_mb",
+                    "workers_pss_mb",
+                )
+                if k in r
+            },
             "linkerd_sidecars_mb": [round(low * pods, 1), round(high * pods, 1)],
             "goal_mb": NODE_MEMORY_GOAL_MB if pods == 100 else None,
         }

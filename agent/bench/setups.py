@@ -9,8 +9,12 @@ Setups (each a context manager yielding a `Target`):
     haproxy-tcp, haproxy-http     HAProxy in the client pod's netns (the
                                   position of meshagent's outbound listener)
     haproxy-tls                   HAProxy in `cli` -> mTLS -> HAProxy in `srv2`
-    meshagent-{iptables,ebpf}     one node agent on `a` capturing `cli`, `srv`
-    meshagent-{mode}-xnode        agents on `a` (cli) and `b` (srv2)
+    meshagent-{iptables,ebpf}     `meshagent run` on `a` meshing `cli`, `srv`:
+                                  outbound -> same-node inbound, no TLS
+    meshagent-{mode}-xnode        `meshagent run` on `a` (cli) and on `b`
+                                  (srv2): outbound -> mTLS -> inbound
+All meshagent setups share one `meshagent controlplane` (`agent.bench.mesh`);
+bench pods are lab pods named `pod<UID>` so the agents discover them.
 
 Rules:
 1. Every meshagent setup starts its agents through `start_node_agent`, the one
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import logging
 import os
 import shutil
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from agent.bench import haproxy
+from agent.bench.mesh import BenchPod, MeshPlane, NodeAgent, make_pod
 from agent.errors import AgentError
 from agent.redirect import netns
 
@@ -87,6 +91,7 @@ class Target:
     roots: list[int] = field(default_factory=list)  # proxy PIDs; their children count too
     notes: str = ""
     http_aware: bool = True  # can it carry HTTP loads
+    agents: list[NodeAgent] = field(default_factory=list)  # meshagent setups: the node agents
 
     def proxy_pids(self) -> list[int]:
         pids: list[int] = []
@@ -107,6 +112,7 @@ class Topology:
     srv: LabPod
     srv2: LabPod
     workdir: Path
+    mesh: MeshPlane
 
 
 def _sysctls(pod: LabPod) -> None:
@@ -148,11 +154,22 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
         lab=lab,
         a=a,
         b=b,
-        cli=lab.pod(a, "cli"),
-        srv=lab.pod(a, "srv"),
-        srv2=lab.pod(b, "srv2"),
+        cli=make_pod(lab, a, "cli"),
+        srv=make_pod(lab, a, "srv"),
+        srv2=make_pod(lab, b, "srv2"),
         workdir=workdir,
+        mesh=MeshPlane(workdir=workdir),
     )
+    ports = (HTTP_PORT, IPERF_PORT)
+    topo.mesh.add(
+        [
+            BenchPod(role="cli", node=a.name, ip=topo.cli.ip),
+            BenchPod(role="srv", node=a.name, ip=topo.srv.ip, ports=ports),
+            BenchPod(role="srv2", node=b.name, ip=topo.srv2.ip, ports=ports),
+        ]
+    )
+    # a process in cli from the start: node agents find pods by their processes
+    topo.cli.spawn(["sleep", "86400"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for pod in (topo.cli, topo.srv, topo.srv2):
         _sysctls(pod)
     for pod in (topo.srv, topo.srv2):
@@ -175,94 +192,46 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
 # --- node agent -------------------------------------------------------------------
 
 
-@dataclass(slots=True, kw_only=True)
-class NodeAgent:
-    """A running node agent (its root process; workers are its children)."""
-
-    proc: subprocess.Popen[str]
-    pin_root: Path | None
-    pods_file: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 10 s; remove eBPF pins it may have left."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
-        if self.pin_root is not None and self.pin_root.exists():
-            from agent.redirect.ebpf import EbpfRedirector  # noqa: PLC0415 - bcc is heavy
-
-            with contextlib.suppress(Exception):
-                EbpfRedirector(pin_root=self.pin_root, accelerate=False).uninstall()
-
-
-def start_node_agent(
-    pods: list[LabPod], mode: str, *, name: str, workdir: Path, workers: int = 2
+def start_node_agent(  # noqa: PLR0913 - keyword-only settings
+    topo: Topology, roles: list[str], mode: str, *, node: str, name: str, workers: int = 2
 ) -> NodeAgent:
-    """Start a meshagent node agent that captures `pods` with `mode` (iptables|ebpf).
-
-    Today this is `agent.bench.node` (redirector + worker pool, opaque relay,
-    no mTLS); when `meshagent run --pods-from manifests:DIR` works it becomes
-    that, with the pods written as manifests.
+    """Start `meshagent run` on lab node `node` meshing the bench pods `roles` (mode:
+    iptables|ebpf), with the run's shared control plane; returns once it is ready.
 
     Raises:
-        BenchError: it exited or did not say `ready` within 60 s.
+        MeshError: it exited or did not become ready within 60 s.
     """
-    pods_file = workdir / f"agent-{name}-pods.json"
-    pods_file.write_text(
-        json.dumps(
-            [
-                {
-                    "pod": f"bench/{p.name}",
-                    "netns": str(p.netns),
-                    "ip": p.ip,
-                    "cgroup": str(p.cgroup) if p.cgroup else "",
-                }
-                for p in pods
-            ]
-        )
+    level = os.environ.get("MESHAGENT_BENCH_AGENT_LOG", "warning")
+    return topo.mesh.start_agent(
+        roles, mode, node=node, name=name, workers=workers, log_level=level
     )
-    pin_root = Path(f"/sys/fs/bpf/mabench-{name}") if mode == "ebpf" else None
-    argv = [sys.executable, "-m", "agent.bench.node", "--mode", mode, "--pods", str(pods_file)]
-    argv += [
-        "--workers",
-        str(workers),
-        "--worker-log-level",
-        os.environ.get("MESHAGENT_BENCH_WORKER_LOG", "warning"),
-    ]
-    if pin_root is not None:
-        argv += ["--pin-root", str(pin_root)]
-    log = (workdir / f"agent-{name}.log").open("w")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
-    log.close()
-    agent = NodeAgent(proc=proc, pin_root=pin_root, pods_file=pods_file)
-    line = _read_line(proc, within=60.0)
-    if line.strip() != "ready":
-        agent.stop()
-        tail = (workdir / f"agent-{name}.log").read_text()[-2000:]
-        raise BenchError(f"meshagent-{mode}", f"node agent did not start: {line!r} {tail}")
-    return agent
 
 
-def _read_line(proc: subprocess.Popen[str], within: float) -> str:
-    import selectors  # noqa: PLC0415
+def _wait_http(pod: LabPod, host: str, port: int, within: float = 20.0) -> float:
+    """Send GETs from `pod` until one answers 200; seconds the first answer took.
 
-    assert proc.stdout is not None  # noqa: S101 - started with stdout=PIPE
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout=within):
-            return f"(nothing within {within}s)"
-    return proc.stdout.readline()
+    Raises:
+        BenchError: none did within `within`.
+    """
+    deadline = time.monotonic() + within
+    last = ""
+    while time.monotonic() < deadline:
+        sock = pod.socket()
+        try:
+            sock.settimeout(5)
+            started = time.monotonic()
+            sock.connect((host, port))
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+            data = sock.recv(4096)
+            if data.startswith(b"HTTP/1.1 200"):
+                return time.monotonic() - started
+            last = data[:80].decode(errors="replace")
+        except OSError as exc:
+            last = str(exc)
+        finally:
+            sock.close()
+        time.sleep(0.1)
+    raise BenchError(pod.name, f"no 200 from {host}:{port} within {within}s (last: {last!r})")
 
 
 # --- HAProxy ------------------------------------------------------------------------
@@ -462,24 +431,20 @@ def _meshagent(mode: str, *, xnode: bool) -> SetupFn:
         name = f"meshagent-{mode}" + ("-xnode" if xnode else "")
         with contextlib.ExitStack() as stack:
             if xnode:
-                agents = [
-                    start_node_agent([topo.cli], mode, name=f"{mode}-a", workdir=topo.workdir),
-                ]
-                stack.callback(agents[0].stop)
-                agents.append(
-                    start_node_agent([topo.srv2], mode, name=f"{mode}-b", workdir=topo.workdir)
-                )
-                stack.callback(agents[1].stop)
+                plan = [(["cli"], topo.a.name), (["srv2"], topo.b.name)]
                 server = topo.srv2
             else:
-                agents = [
-                    start_node_agent(
-                        [topo.cli, topo.srv], mode, name=f"{mode}-a", workdir=topo.workdir
-                    )
-                ]
-                stack.callback(agents[0].stop)
+                plan = [(["cli", "srv"], topo.a.name)]
                 server = topo.srv
-            _wait_port(topo.cli, server.ip, HTTP_PORT)
+            agents = []
+            for roles, node in plan:
+                agent = start_node_agent(topo, roles, mode, node=node, name=f"{mode}-{node}")
+                stack.callback(agent.stop)
+                agents.append(agent)
+            # the first request pays for resolution (and, cross-node, the mTLS handshake)
+            first = _wait_http(topo.cli, server.ip, HTTP_PORT)
+            _wait_port(topo.cli, server.ip, IPERF_PORT)
+            path = "outbound -> mTLS -> inbound (other node)" if xnode else "outbound -> inbound"
             yield Target(
                 setup=name,
                 client=topo.cli,
@@ -487,9 +452,13 @@ def _meshagent(mode: str, *, xnode: bool) -> SetupFn:
                 http_port=HTTP_PORT,
                 iperf_port=IPERF_PORT,
                 hops=2,
-                mtls=False,
+                mtls=xnode,
                 roots=[a.pid for a in agents],
-                notes="stand-in agent (agent.bench.node): opaque relay, no mTLS yet",
+                agents=agents,
+                notes=(
+                    f"meshagent run ({mode}, 2 workers per node): {path}; "
+                    f"first request {first * 1000:.0f} ms"
+                ),
             )
 
     return setup

@@ -1,0 +1,39 @@
+"""The bench's manifests: what `meshagent run` and the control plane read about bench pods."""
+
+from __future__ import annotations
+
+from agent.bench import mesh
+from agent.controlplane import manifests
+
+
+def test_pod_manifest_is_a_meshed_running_pod_on_its_node():
+    pod = mesh.BenchPod(role="srv2", node="b", ip="10.200.1.2", ports=(8080, 5201))
+    doc = mesh.pod_manifest(pod)
+    assert doc["metadata"]["uid"] == mesh.pod_uid("srv2")
+    assert doc["metadata"]["annotations"]["linkerd.io/inject"] == "enabled"
+    assert doc["spec"]["nodeName"] == "b"
+    assert doc["status"]["podIP"] == "10.200.1.2"
+    ports = doc["spec"]["containers"][0]["ports"]
+    assert [p["containerPort"] for p in ports] == [8080, 5201]
+    assert doc["spec"]["serviceAccountName"] == "srv2"
+
+
+def test_lab_name_carries_the_uid_discovery_looks_for():
+    assert mesh.lab_name("cli") == f"pod{mesh.pod_uid('cli')}"
+    assert mesh.pod_uid("cli") != mesh.pod_uid("srv")
+    assert mesh.pod_uid("cli") == mesh.pod_uid("cli")
+
+
+def test_control_plane_parses_the_manifests_without_errors():
+    pod = mesh.BenchPod(role="srv", node="a", ip="10.200.0.3", ports=(8080,))
+    idle = mesh.BenchPod(role="idle7", node="a", ip="10.200.0.9")
+    docs = [
+        mesh.namespace_manifest(),
+        mesh.pod_manifest(pod),
+        mesh.pod_manifest(idle),
+        mesh.service_manifest(pod),
+    ]
+    objects, errors = manifests.parse_text(mesh.dump(docs))
+    assert errors == []
+    kinds = sorted(type(o).__name__ for o in objects)
+    assert kinds == ["Namespace", "Pod", "Pod", "Service"]
