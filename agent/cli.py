@@ -440,6 +440,16 @@ def _noun_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     st.set_defaults(handler=_sandbox_status)
     dn = verbs.add_parser("down", help="remove everything the sandbox made")
     dn.set_defaults(handler=_sandbox_down)
+    vw = verbs.add_parser("view", help="drive traffic and show the live view on a running sandbox")
+    vw.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    vw.set_defaults(handler=_sandbox_view)
+
+
+def _sandbox_view(args: argparse.Namespace) -> int:
+    """Exit 1 (with a hint) when no sandbox is up; the sandbox stays up afterwards."""
+    from agent.sandbox import run  # noqa: PLC0415 - lazy, see module docstring
+
+    return run.view(args.duration)
 
 
 def _sandbox_up(args: argparse.Namespace) -> int:

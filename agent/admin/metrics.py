@@ -593,14 +593,17 @@ class WorkerMetrics:
         *,
         direction: str,
         authority: str,
-        target: tuple[str, int],
-        tls: Tls,
+        target: tuple[str, int] | None,
+        tls: Tls | None,
         dst: Labels = (),
         server: Ref | None = None,
         route: Ref | None = None,
         authz: Ref | None = None,
     ) -> HttpSeries:
-        """The request/response series of an HTTP endpoint label set (interned)."""
+        """The request/response series of an HTTP endpoint label set (interned).
+
+        `target`/`tls` are None for answers the proxy gave before choosing an endpoint.
+        """
         key = ("http", pod, direction, authority, target, tls, dst, server, route, authz)
         found = self._interned.get(key)
         if found is not None:
@@ -608,7 +611,11 @@ class WorkerMetrics:
         base: Labels = (*pod.labels, ("direction", direction))
         if authority:
             base += (("authority", authority),)
-        base += target_labels(target) + tls.labels(direction) + dst
+        if target is not None:
+            base += target_labels(target)
+        if tls is not None:
+            base += tls.labels(direction)
+        base += dst
         for prefix, ref in (("srv", server), ("route", route), ("authz", authz)):
             if ref is not None:
                 base += ref.labels(prefix)
@@ -664,7 +671,7 @@ class WorkerMetrics:
         pod: PodMeta,
         *,
         allowed: bool,
-        target: tuple[str, int],
+        target: tuple[str, int] | None,
         tls: Tls,
         server: Ref,
         route: Ref | None = None,
@@ -683,7 +690,7 @@ class WorkerMetrics:
         pod: PodMeta,
         *,
         allowed: bool,
-        target: tuple[str, int],
+        target: tuple[str, int] | None,
         tls: Tls,
         server: Ref,
         authz: Ref | None = None,
@@ -827,13 +834,16 @@ class WorkerMetrics:
         self,
         pod: PodMeta,
         *,
-        target: tuple[str, int],
+        target: tuple[str, int] | None,
         tls: Tls,
         server: Ref,
         route: Ref | None,
         authz: Ref | None,
     ) -> Labels:
-        labels: Labels = (*pod.labels, *target_labels(target), *server.labels("srv"))
+        labels: Labels = pod.labels
+        if target is not None:
+            labels += target_labels(target)
+        labels += server.labels("srv")
         if route is not None:
             labels += route.labels("route")
         if authz is not None:

@@ -152,6 +152,15 @@ class NodeMetrics:
     def inc_cert_failure(self, identity: str) -> None:
         self._inc(CERT_FAILURES, (("identity", identity),), 1)
 
+    def set_cert_totals(self, identity: str, *, renewals: int, failures: int) -> None:
+        """Renewal and failure totals of `identity`, as its owner counts them."""
+        self._counters.setdefault(CERT_REFRESH, {})[(("identity", identity),)] = renewals
+        self._counters.setdefault(CERT_FAILURES, {})[(("identity", identity),)] = failures
+
+    def set_reconnects(self, service: str, total: int) -> None:
+        """Reconnects of `service`'s streams so far, as the client counts them."""
+        self._counters.setdefault(RECONNECTS, {})[(("service", service),)] = total
+
     def forget_identity(self, identity: str) -> None:
         """The node holds no key for `identity` any more: drop its series."""
         key = (("identity", identity),)

@@ -10,6 +10,10 @@ Rules:
 3. Call `publish` on the event loop's thread (workers' events arrive there
    through the channel).
 4. At most `max_subscribers` streams at once; more are refused (503).
+5. Workers record tap events only while someone taps their pod:
+   `on_change(pods)` is called whenever the set of tapped pods changes
+   (`pods`: the `pod` filters of the readers, "*" for a reader without one;
+   empty when nobody taps). The supervisor turns it into `("tap",)` state.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 
 class TapFull(Exception):  # noqa: N818 - reads as a state
@@ -62,7 +66,9 @@ class Subscription:
         return batch
 
     def close(self) -> None:
-        self._hub._subs.discard(self)  # noqa: SLF001 - the hub owns the set
+        if self in self._hub._subs:  # noqa: SLF001 - the hub owns the set
+            self._hub._subs.discard(self)  # noqa: SLF001
+            self._hub._changed()  # noqa: SLF001
 
     def __enter__(self) -> Self:
         return self
@@ -79,6 +85,20 @@ class TapHub:
         self.max_subscribers = max_subscribers
         self._subs: set[Subscription] = set()
         self.published = 0
+        self.on_change: Callable[[frozenset[str]], None] | None = None
+        self._tapped: frozenset[str] = frozenset()
+
+    @property
+    def tapped(self) -> frozenset[str]:
+        """The pods someone taps ("*": all), rule 5."""
+        return frozenset(sub.filters.get("pod", "*") for sub in self._subs)
+
+    def _changed(self) -> None:
+        now = self.tapped
+        if now != self._tapped:
+            self._tapped = now
+            if self.on_change is not None:
+                self.on_change(now)
 
     @property
     def subscribers(self) -> int:
@@ -94,6 +114,7 @@ class TapHub:
             raise TapFull(f"{self.max_subscribers} tap readers already")
         sub = Subscription(self, self.capacity, filters or {})
         self._subs.add(sub)
+        self._changed()
         return sub
 
     def publish(self, event: Mapping[str, Any]) -> None:

@@ -119,8 +119,47 @@ class Stats:
     bytes_down: int
 
 
-Message = AddListener | RemoveListener | StateUpdate | StateDelete | Drain | Ready | Need | Stats
-_TYPES = (AddListener, RemoveListener, StateUpdate, StateDelete, Drain, Ready, Need, Stats)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    """A worker's cumulative metrics (`agent.admin.metrics.MetricsSnapshot`, opaque here)."""
+
+    worker_id: int
+    snapshot: Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TapEvents:
+    """Tap events a worker recorded while someone taps (`dropped`: lost to its full ring)."""
+
+    worker_id: int
+    events: tuple[dict[str, Any], ...]
+    dropped: int = 0
+
+
+Message = (
+    AddListener
+    | RemoveListener
+    | StateUpdate
+    | StateDelete
+    | Drain
+    | Ready
+    | Need
+    | Stats
+    | Metrics
+    | TapEvents
+)
+_TYPES = (
+    AddListener,
+    RemoveListener,
+    StateUpdate,
+    StateDelete,
+    Drain,
+    Ready,
+    Need,
+    Stats,
+    Metrics,
+    TapEvents,
+)
 
 
 class ChannelError(Exception):
@@ -263,6 +302,11 @@ class Channel:
         await self._flushed
 
     # --- receiving ----------------------------------------------------------
+
+    def read_pending(self) -> None:
+        """Deliver what the peer already sent (e.g. a dead worker's last metrics) now."""
+        if self._reading:
+            self._read()
 
     def _read(self) -> None:
         while not self._closed:

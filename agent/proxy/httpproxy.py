@@ -51,7 +51,7 @@ from agent.proxy.http1 import (
     Upgraded,
 )
 from agent.proxy.profile import classify, should_retry
-from agent.proxy.record import Labels, recorder
+from agent.proxy.record import REQUEST, Labels, recorder
 from agent.proxy.upstream import ConnPool, UpstreamError
 
 if TYPE_CHECKING:
@@ -444,6 +444,7 @@ class HttpConn:
     async def _request(self, head: RequestHead) -> bool:
         """Serve one request; whether the client connection may carry another."""
         t0 = self._loop.time()
+        REQUEST.set(head)  # for the recorder (agent.proxy.record rule 4)
         if head.upgrade is not None or head.method == b"CONNECT":
             await self._skip_body()
             return self._answer(reject(501, "upgrade not supported", close=True), t0, {})

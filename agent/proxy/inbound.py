@@ -19,7 +19,10 @@ Flow per connection (DESIGN.md "Flows", inbound):
    a socket made inside B's netns with the proxy mark (so capture skips it).
    Chosen over 127.0.0.1 as Linkerd does since 2.11 (linkerd2#6495): ports
    the app binds only on loopback are not exposed through the proxy, and apps
-   that bind the pod IP only are reachable.
+   that bind the pod IP only are reachable. In eBPF mode (the supervisor sets
+   MESHAGENT_REDIRECT=ebpf for its workers) it is B's loopback instead:
+   sk_lookup cannot see the proxy mark and would steer a connection to the
+   pod IP back to the inbound listener; it never steers loopback (`app_addr`).
 5. Until a port's policy arrives the connection waits up to
    `POLICY_WAIT_S`, then the node's default policy applies
    (`NodeInfo.default_inbound_policy`, Linkerd's `all-unauthenticated` by
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +45,7 @@ from agent.errors import AgentError
 from agent.identity.tls import peer_identity
 from agent.policy.authorize import Decision, Facts, authorize
 from agent.policy.model import ProxyProtocol, ServerPolicy
-from agent.proxy import http1, httpproxy
+from agent.proxy import http1, httpproxy, tcp
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NEED_MORE, NeedMore, Protocol, detect, is_tls_client_hello, parse_sni
 from agent.proxy.plane import Guard, Plane, plane_of, read_prefix
@@ -64,6 +68,8 @@ POD_WAIT_S = 2.0
 TLS_SNIFF_TIMEOUT_S = 10.0
 OPAQUE_SNIFF_TIMEOUT_S = 1.0  # server-speaks-first apps on opaque ports wait this long at most
 HANDSHAKE_TIMEOUT_S = 10.0
+
+ENV_REDIRECT = "MESHAGENT_REDIRECT"
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -184,9 +190,16 @@ def authorize_request(  # noqa: PLR0913 - the facts of one request
     return deny_answer(decision, head.headers)
 
 
+def app_addr(pod: PodInfo, port: int) -> tuple[str, int]:
+    """Where B's app is reached from B's netns (rule 4): pod IP, or loopback in eBPF mode."""
+    if os.environ.get(ENV_REDIRECT) == "ebpf":
+        return ("127.0.0.1", port)
+    return (pod.ip, port)
+
+
 def app_target(worker: Worker, pod: PodInfo, port: int, identity: str | None) -> httpproxy.Target:
-    """The pooled upstream to B's app (pod IP, original port, from B's netns)."""
-    addr = (pod.ip, port)
+    """The pooled upstream to B's app (`app_addr`, original port, from B's netns)."""
+    addr = app_addr(pod, port)
 
     async def opener(factory: Any) -> tuple[asyncio.Transport, Any]:
         return await open_transport(worker, factory, netns=pod.netns, addr=addr)
@@ -256,7 +269,9 @@ async def relay_to_app(  # noqa: PLR0913 - the facts of one connection
     worker = conn.worker
     plane = plane_of(worker)
     key = (POLICY, pod.key, port)
+    held = tcp.hold(transport, prefix, eof=eof)  # the policy wait must not lose bytes
     policy = await current_policy(worker, key)
+    prefix, eof = bytes(held.prefix), held.eof
     labels = _labels(pod, port, facts.client_identity, tls=facts.tls)
     decision = authorize(policy, facts)
     recorder().authz({**labels, **decision.labels()}, allowed=decision.allowed, http=False)
@@ -270,7 +285,7 @@ async def relay_to_app(  # noqa: PLR0913 - the facts of one connection
     started = time.monotonic()
     recorder().tcp_open(DIRECTION, labels)
     relay = await start_relay(
-        worker, transport, netns=pod.netns, addr=(pod.ip, port), prefix=prefix, eof=eof
+        worker, transport, netns=pod.netns, addr=app_addr(pod, port), prefix=prefix, eof=eof
     )
     conn.relay = relay
     plane.guard(
@@ -311,10 +326,18 @@ async def _pod(worker: Worker, key: str) -> PodInfo | None:
 
 
 def _target_port(conn: Conn) -> int:
+    """The original destination port (rule 1): SO_ORIGINAL_DST, else the local port."""
     try:
         return worker_mod.resolve_target(conn)[1]
     except (OSError, AgentError):
         return conn.local[1]
+
+
+def _listener_port(conn: Conn) -> int | None:
+    """The port the inbound listener itself is bound to (4143 unless annotated)."""
+    lst = conn.worker.listeners.get(conn.listener.listener_id)
+    socks = lst.server.sockets if lst is not None and lst.server is not None else ()
+    return int(socks[0].getsockname()[1]) if socks else None
 
 
 async def handle(conn: Conn) -> None:
@@ -325,7 +348,9 @@ async def handle(conn: Conn) -> None:
         logger.warning("inbound for an unknown pod, closing", extra=conn.log_extra())
         return
     port = _target_port(conn)
-    if port == conn.local[1]:
+    # Redirected (iptables) connections arrive on the listener's port and name
+    # another; steered (sk_lookup) ones arrive on their original port.
+    if port == _listener_port(conn):
         logger.info("connection to the inbound port itself, closing", extra=conn.log_extra())
         return
     plane = plane_of(worker)

@@ -98,11 +98,12 @@ def hop_for(worker: Worker, src: PodInfo | None, netns: str, ep: Endpoint) -> _H
     peer_key = state.get((POD_IP, ep.addr[0]))
     peer = state.get((POD, peer_key)) if peer_key is not None else None
     if isinstance(peer, PodInfo) and ep.addr[1] not in peer.skip_inbound_ports:
+        addr = inbound.app_addr(peer, ep.addr[1])
         return _Hop(
             kind="local",
-            key=("app", peer.netns, (peer.ip, ep.addr[1])),
+            key=("app", peer.netns, addr),
             netns=peer.netns,
-            addr=(peer.ip, ep.addr[1]),
+            addr=addr,
             peer=peer,
         )
     if ep.tls_identity is None:

@@ -120,18 +120,24 @@ class _Proc:
 
 NeedCallback = Callable[[int, ch.Need], None]
 StatsCallback = Callable[[ch.Stats], None]
+MetricsCallback = Callable[[ch.Metrics], None]
+TapCallback = Callable[[ch.TapEvents], None]
+ExitCallback = Callable[[int, int], None]  # (worker_id, pid) of a worker that exited
 
 
 class WorkerPool:
     """N worker processes fed listeners and state; see the module rules."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - one callback per kind of worker news
         self,
         n: int,
         *,
         options: WorkerOptions | None = None,
         on_need: NeedCallback | None = None,
         on_stats: StatsCallback | None = None,
+        on_metrics: MetricsCallback | None = None,
+        on_tap: TapCallback | None = None,
+        on_exit: ExitCallback | None = None,
     ) -> None:
         if n < 1:
             raise ValueError(f"a pool needs at least one worker, got {n}")
@@ -139,6 +145,9 @@ class WorkerPool:
         self.options = options or WorkerOptions()
         self._on_need = on_need
         self._on_stats = on_stats
+        self._on_metrics = on_metrics
+        self._on_tap = on_tap
+        self._on_exit = on_exit
         self._procs: dict[int, _Proc] = {}  # by worker_id (slot); one process per slot
         self._listeners: dict[str, tuple[ch.AddListener, socket.socket]] = {}
         self._state: dict[Hashable, Any] = {}
@@ -338,6 +347,7 @@ class WorkerPool:
         status = p.proc.wait()  # the pidfd is readable: it has exited, this reaps at once
         os.close(p.pidfd)
         if p.channel is not None:
+            p.channel.read_pending()  # its last messages (final metrics) before they are lost
             p.channel.close()
         if self._procs.get(p.worker_id) is p:
             del self._procs[p.worker_id]
@@ -345,6 +355,11 @@ class WorkerPool:
             p.ready.cancel()
         p.exited.set_result(status)
         self.exits.append(ExitRecord(worker_id=p.worker_id, pid=p.proc.pid, status=status))
+        if self._on_exit is not None:
+            try:
+                self._on_exit(p.worker_id, p.proc.pid)
+            except Exception:
+                logger.exception("BUG: exit callback failed", extra={"worker": p.worker_id})
         if self._closing:
             logger.info("worker exited", extra={"worker": p.worker_id, "status": status})
             return
@@ -371,7 +386,7 @@ class WorkerPool:
         self._young_deaths[p.worker_id] = k
         return min(0.1 * 2.0 ** (k - 1), MAX_BACKOFF_S)
 
-    def _on_message(self, p: _Proc, msg: ch.Message) -> None:
+    def _on_message(self, p: _Proc, msg: ch.Message) -> None:  # noqa: C901 - a branch per kind
         if isinstance(msg, ch.Ready):
             if not p.ready.done():
                 p.ready.set_result(None)
@@ -383,5 +398,11 @@ class WorkerPool:
             p.stats = msg
             if self._on_stats is not None:
                 self._on_stats(msg)
+        elif isinstance(msg, ch.Metrics):
+            if self._on_metrics is not None:
+                self._on_metrics(msg)
+        elif isinstance(msg, ch.TapEvents):
+            if self._on_tap is not None:
+                self._on_tap(msg)
         else:
             logger.error("BUG: pool got a pool message", extra={"kind": type(msg).__name__})

@@ -9,13 +9,22 @@ Rules:
    dicts of strings (Linkerd's label names: `direction`, `authority`,
    `dst_namespace`, `tls`, `client_id`, `srv_*`, `authz_*`, ...).
 3. `direction` is "outbound" or "inbound"; durations are seconds.
+4. Context, not arguments: the worker sets `CONN` (the accepted connection)
+   in each connection's task, and the HTTP proxy sets `REQUEST` (the request
+   head being served), so a recorder can name the pod and, for tap, the
+   method and path, without the data path passing them around.
+   `agent.admin.observe` is the real recorder.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from contextvars import ContextVar
+from typing import Any, Protocol
 
 Labels = dict[str, str]
+
+CONN: ContextVar[Any] = ContextVar("meshagent_conn", default=None)  # agent.proxy.worker.Conn
+REQUEST: ContextVar[Any] = ContextVar("meshagent_request", default=None)  # http1.RequestHead
 
 
 class Recorder(Protocol):
@@ -40,6 +49,9 @@ class Recorder(Protocol):
     def authz(self, labels: Labels, *, allowed: bool, http: bool) -> None:
         """An inbound authorization decision (per request for HTTP, per connection for TCP)."""
 
+    def conn_end(self, conn: Any, error: BaseException | None) -> None:
+        """An accepted connection's handler is done (`error`: what ended it, if anything)."""
+
 
 class NoopRecorder:
     """The default: records nothing."""
@@ -63,6 +75,9 @@ class NoopRecorder:
         pass
 
     def authz(self, labels: Labels, *, allowed: bool, http: bool) -> None:
+        pass
+
+    def conn_end(self, conn: Any, error: BaseException | None) -> None:
         pass
 
 

@@ -17,6 +17,10 @@ Rules:
    upstream side exists (uvloop resumes reading after `connection_made`).
 7. Without an idle timeout, a relay whose one side never reads nor closes
    never ends; the worker always sets one.
+8. Whoever keeps a paused transport across an `await` first hands it to a
+   fresh `Held` (`hold`) and reads `prefix`/`eof` back afterwards: bytes or an
+   EOF that still arrive (uvloop's first read) land there instead of in a
+   protocol nobody reads any more.
 """
 
 from __future__ import annotations
@@ -63,6 +67,21 @@ class Held(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.eof = True
         return True  # keep our write side: the handler may still answer
+
+
+def hold(transport: asyncio.Transport, prefix: bytes = b"", *, eof: bool = False) -> Held:
+    """Park a paused `transport` on a new `Held` that already carries `prefix` and `eof`.
+
+    Read `held.prefix` and `held.eof` only when handing the transport on (rule 8).
+    """
+    held = Held()
+    held.prefix += prefix
+    held.eof = eof
+    held.transport = transport
+    transport.set_protocol(held)
+    if not transport.is_closing():
+        transport.pause_reading()
+    return held
 
 
 class _Side(asyncio.Protocol):

@@ -15,8 +15,12 @@ Rules:
    the protocol set with `set_protocol`.
 2. Reading plaintext honours `pause_reading`: records stay in the BIO until
    `resume_reading`. Write backpressure is the raw transport's.
-3. TLS has no half-close: `can_write_eof()` is False. `close()` sends
-   close_notify, then closes the raw transport.
+3. Half-close as TLS 1.3 defines it (RFC 8446 6.1: close_notify closes the
+   sender's write side only): `write_eof()` sends close_notify and shuts
+   the raw socket's write side; reading goes on until the peer's
+   close_notify, which the protocol sees as `eof_received()` (return True
+   to keep writing). `close()` sends close_notify (if not sent yet), then
+   closes the raw transport.
 4. Callbacks never raise into the loop: a TLS error aborts the connection.
 """
 
@@ -96,7 +100,8 @@ class TlsTransport(asyncio.Transport):
         self._done: asyncio.Future[None] = self._loop.create_future()
         self._paused = False
         self._closing = False
-        self._eof = False
+        self._eof = False  # the peer's close_notify (or EOF) was delivered
+        self._eof_sent = False  # our close_notify is queued
         self._lost = False
         self._deliver_soon = False
         peer = raw.get_extra_info("peername")
@@ -179,8 +184,8 @@ class TlsTransport(asyncio.Transport):
                 data = self._obj.read(READ_CHUNK)
             except ssl.SSLWantReadError:
                 break
-            except ssl.SSLZeroReturnError:
-                data = b""
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                data = b""  # close_notify, or the raw EOF without one: end of stream
             except (ssl.SSLError, OSError):
                 self.abort()
                 return
@@ -231,7 +236,7 @@ class TlsTransport(asyncio.Transport):
             self._loop.call_soon(self._deliver)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._closing or self._lost:
+        if self._closing or self._lost or self._eof_sent:
             return
         try:
             self._obj.write(data)
@@ -245,10 +250,25 @@ class TlsTransport(asyncio.Transport):
             self.write(data)
 
     def can_write_eof(self) -> bool:
-        return False
+        return self._done.done() and not self._lost
 
     def write_eof(self) -> None:
-        raise NotImplementedError("TLS has no half-close")
+        """Send close_notify and shut the raw write side; reading goes on (rule 3)."""
+        if self._closing or self._lost or self._eof_sent:
+            return
+        self._send_close_notify()
+        if not self._raw.is_closing() and self._raw.can_write_eof():
+            self._raw.write_eof()
+
+    def _send_close_notify(self) -> None:
+        if self._eof_sent or not self._done.done() or self._lost:
+            return
+        self._eof_sent = True
+        # unwrap() queues close_notify, then wants the peer's: with memory BIOs
+        # that is SSLWantReadError, and reading application data still works.
+        with contextlib.suppress(ssl.SSLError, OSError, ValueError):
+            self._obj.unwrap()
+        self._flush()
 
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
         self._raw.set_write_buffer_limits(high, low)
@@ -262,11 +282,8 @@ class TlsTransport(asyncio.Transport):
     def close(self) -> None:
         if self._closing:
             return
+        self._send_close_notify()
         self._closing = True
-        if self._done.done() and not self._lost:
-            with contextlib.suppress(ssl.SSLError, OSError, ValueError):
-                self._obj.unwrap()  # queue close_notify
-            self._flush()
         self._raw.close()
 
     def abort(self) -> None:

@@ -30,7 +30,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from agent.errors import AgentError, PKIError
 from agent.identity import tls as idtls
-from agent.proxy.tcp import Relay
+from agent.proxy.tcp import Held, Relay
+from agent.proxy.tlsio import TlsHandshakeError, TlsTransport
 
 if TYPE_CHECKING:
     import socket
@@ -296,16 +297,53 @@ async def start_relay(  # noqa: PLR0913 - keyword-only connection facts
     relay = Relay(idle_timeout=worker.idle_timeout)
     relay.attach(downstream, prefix, eof=eof)
     try:
-        await open_transport(
-            worker,
-            relay.upstream_protocol,
-            netns=netns,
-            addr=addr,
-            ssl_ctx=ssl_ctx,
-            expect_identity=expect_identity,
-        )
+        if ssl_ctx is None:
+            await open_transport(worker, relay.upstream_protocol, netns=netns, addr=addr)
+        else:
+            tlsx = await open_tls(
+                worker, netns=netns, addr=addr, ssl_ctx=ssl_ctx, expect_identity=expect_identity
+            )
+            tlsx.set_protocol(relay.upstream)
+            relay.upstream.connection_made(tlsx)
+            tlsx.resume_reading()
     except BaseException:
         relay.abort()
         raise
     relay.start()
     return relay
+
+
+async def open_tls(
+    worker: Worker,
+    *,
+    netns: str,
+    addr: tuple[str, int],
+    ssl_ctx: ssl.SSLContext,
+    expect_identity: str | None,
+) -> TlsTransport:
+    """An mTLS client transport (reading paused, no protocol yet) that can half-close.
+
+    The relay path uses this rather than the loop's TLS transport, which cannot
+    send close_notify while still reading (issue 4: half-close over mTLS).
+
+    Raises:
+        UpstreamError: connect, handshake or identity check failed (status 502).
+    """
+    sock = await connect_socket(worker, netns, addr)
+    where = f"{addr[0]}:{addr[1]}"
+    try:
+        raw, _ = await asyncio.get_running_loop().create_connection(Held, sock=sock)
+    except OSError as exc:
+        sock.close()
+        raise UpstreamError(where, f"connect: {exc!r}") from exc
+    tlsx = TlsTransport(raw, ssl_ctx, server_side=False, server_hostname=expect_identity)
+    try:
+        await tlsx.handshake(TLS_HANDSHAKE_TIMEOUT_S)
+    except TlsHandshakeError as exc:
+        tlsx.abort()
+        raise UpstreamError(where, f"tls handshake: {exc.reason}") from exc
+    got = idtls.peer_identity(tlsx.get_extra_info("ssl_object"))
+    if got != expect_identity:
+        tlsx.abort()
+        raise UpstreamError(where, f"server identity {got!r} is not {expect_identity!r}")
+    return tlsx

@@ -17,6 +17,12 @@ Rules:
    (the supervisor decides); a closed channel (supervisor gone) drains too.
 4. Extension points, set by modules loaded with `--plugin` (a module name or a
    `.py` path): `HANDLERS` and `resolve_target`. Both are read per connection.
+   `START_HOOKS(worker)` run once the channel is up (a returned task is
+   cancelled at exit); `DRAIN_HOOKS(worker)` run when draining ends, just
+   before the final report (final metrics go out there).
+5. Observability: each connection's task carries `agent.proxy.record.CONN`
+   (the `Conn`), so the recorder knows the pod; the recorder hears
+   `conn_end(conn, error)` when a connection's handler is done.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from typing import Any
 from agent import aio
 from agent.errors import AgentError
 from agent.proxy import channel as ch
-from agent.proxy import tcp
+from agent.proxy import record, tcp
 from agent.proxy.listener import LISTEN_BACKLOG, ListenerKind, UpstreamSockets
 from agent.redirect.model import PROXY_MARK
 
@@ -77,7 +83,17 @@ class Conn:
     already read (`held.prefix`, `held.eof`), as `tcp.open_relay` does.
     """
 
-    __slots__ = ("held", "listener", "local", "peer", "relay", "task", "transport", "worker")
+    __slots__ = (
+        "held",
+        "listener",
+        "local",
+        "obs",
+        "peer",
+        "relay",
+        "task",
+        "transport",
+        "worker",
+    )
 
     def __init__(self, worker: Worker, listener: ListenerInfo, held: tcp.Held) -> None:
         assert held.transport is not None  # noqa: S101 - called from connection_made
@@ -90,6 +106,7 @@ class Conn:
         self.local: tuple[str, int] = transport.get_extra_info("sockname") or ("?", 0)
         self.task: asyncio.Task[None] | None = None
         self.relay: tcp.Relay | None = None
+        self.obs: Any = None  # the recorder's per-connection record
 
     @property
     def socket(self) -> Any:
@@ -324,6 +341,10 @@ class Worker:
             aio.spawn(self._control(), name="worker-control"),
             aio.spawn(self._report(), name="worker-stats"),
         ]
+        for hook in START_HOOKS:
+            task = hook(self)
+            if task is not None:
+                tasks.append(task)
         self._channel.send(ch.Ready(worker_id=self.worker_id))
         logger.info("worker ready", extra={"worker": self.worker_id, "pid": os.getpid()})
         try:
@@ -365,6 +386,11 @@ class Worker:
             self._stop_accepting(lst)
         left = await _finish(self.conns, deadline_s)
         logger.info("worker drained", extra={"worker": self.worker_id, "reset_connections": left})
+        for hook in DRAIN_HOOKS:
+            try:
+                hook(self)
+            except Exception:
+                logger.exception("BUG: drain hook failed", extra={"worker": self.worker_id})
         if self._channel is not None:
             self._channel.send(self._stats())
             with contextlib.suppress(TimeoutError):
@@ -395,7 +421,7 @@ class Worker:
             self._remove_listener(msg)
         elif isinstance(msg, ch.Drain):
             aio.spawn(self.drain(msg.deadline_s), name="worker-drain")
-        elif isinstance(msg, ch.Ready | ch.Need | ch.Stats):
+        elif isinstance(msg, ch.Ready | ch.Need | ch.Stats | ch.Metrics | ch.TapEvents):
             logger.error("BUG: worker got a worker message", extra={"kind": type(msg).__name__})
         else:
             raise AssertionError(f"BUG: unhandled message {msg!r}")  # noqa: TRY004 - STYLE dispatch
@@ -449,9 +475,12 @@ class Worker:
         return conn
 
     async def _serve(self, conn: Conn, lst: _Listener) -> None:
+        record.CONN.set(conn)  # this task's context only (rule 5)
+        error: BaseException | None = None
         try:
             await HANDLERS[conn.listener.kind](conn)
         except Exception as exc:  # rule 2: ends this connection only
+            error = exc
             self.failed_total += 1
             expected = isinstance(exc, OSError | TimeoutError | AgentError)
             logger.warning(
@@ -467,12 +496,17 @@ class Worker:
                 self.bytes_down += conn.relay.bytes_down
             self.conns.discard(conn)
             lst.conns.discard(conn)
+            record.recorder().conn_end(conn, error)
 
     # --- towards the supervisor --------------------------------------------------
 
     def _ask(self, need: ch.Need) -> None:
         if self._channel is not None:
             self._channel.send(need)
+
+    def send(self, msg: ch.Message) -> bool:
+        """Send a message to the supervisor; False when the channel is gone."""
+        return self._channel is not None and self._channel.send(msg)
 
     def _stats(self) -> ch.Stats:
         return ch.Stats(
@@ -491,6 +525,11 @@ class Worker:
             await asyncio.sleep(self.stats_interval)
             if self._channel is not None:
                 self._channel.send(self._stats())
+
+
+StartHook = Callable[[Worker], asyncio.Task[Any] | None]
+START_HOOKS: list[StartHook] = []
+DRAIN_HOOKS: list[Callable[[Worker], None]] = []
 
 
 async def _finish(conns: set[Conn], deadline_s: float) -> int:

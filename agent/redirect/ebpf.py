@@ -24,7 +24,11 @@ Rules:
 1. Programs compile once per process (`install`), each file with
    `BPF(src_file=..., cflags=["-D..."])`; maps are declared pinned, so a new
    process re-opens the same maps and links already attached keep working
-   while the agent restarts.
+   while the agent restarts. By default (`compile_in_child`, env
+   MESHAGENT_EBPF_COMPILE_IN_CHILD=0 to turn off) the compile and load run in
+   a short-lived child (`python -m agent.redirect.ebpf compile PIN_ROOT NAME`)
+   that pins the program under progs/ and exits; this process then opens the
+   pin. bcc's LLVM (~150 MB of RSS) so never stays mapped in the agent.
 2. Attachments are bpf links pinned in bpffs, so they outlive the process;
    enroll on a pinned link moves it to this process's program (link update),
    unenroll and uninstall detach every link explicitly and remove the pins.
@@ -39,12 +43,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import re
 import socket
 import struct
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -65,6 +71,8 @@ BPFFS = Path("/sys/fs/bpf")
 BPF_SRC = Path(__file__).resolve().parents[2] / "bpf"
 ENV_ACCEL = "MESHAGENT_EBPF_ACCEL"
 ENV_ACCEL_MAX_MSG = "MESHAGENT_EBPF_ACCEL_MAX_MSG"
+ENV_COMPILE_IN_CHILD = "MESHAGENT_EBPF_COMPILE_IN_CHILD"
+COMPILE_TIMEOUT_S = 120.0
 DEFAULT_ACCEL_MAX_MSG = 16 * 1024
 HEADERS_HINT = "run scripts/setup (installs Debian's nearest linux-headers and links it)"
 
@@ -242,9 +250,11 @@ class EbpfRedirector:
         use_sk_lookup: bool = True,
         inbound_fallback: InboundFallback | None = None,
         registry: Registry | None = None,
+        compile_in_child: bool | None = None,
     ) -> None:
         """`accelerate`/`accel_max_msg` default to MESHAGENT_EBPF_ACCEL{,_MAX_MSG};
-        `use_sk_lookup=False` forces the iptables inbound fallback.
+        `use_sk_lookup=False` forces the iptables inbound fallback;
+        `compile_in_child` defaults to MESHAGENT_EBPF_COMPILE_IN_CHILD (on).
 
         Raises:
             SettingError: a bad MESHAGENT_EBPF_ACCEL* value.
@@ -260,6 +270,14 @@ class EbpfRedirector:
         self.sk_lookup_error = "" if use_sk_lookup else "disabled by configuration"
         self._bpf: dict[str, Any] = {}  # program name -> bcc BPF object
         self._fds: dict[str, int] = {}  # program name -> prog fd
+        self._own_fds: list[int] = []  # fds of pins opened here (compiled in a child)
+        if compile_in_child is None:
+            compile_in_child = os.environ.get(ENV_COMPILE_IN_CHILD, "1").lower() not in (
+                "0",
+                "false",
+                "no",
+            )
+        self.compile_in_child = compile_in_child
 
     # -- paths ----------------------------------------------------------------------
 
@@ -277,6 +295,47 @@ class EbpfRedirector:
     # -- node -----------------------------------------------------------------------
 
     def _compile(self, prog: Program) -> None:
+        if self.compile_in_child:
+            self._compile_in_child(prog)
+        else:
+            self._compile_here(prog)
+
+    def _compile_in_child(self, prog: Program) -> None:
+        """Compile, load and pin `prog` in a child process, then open the pin here.
+
+        Raises:
+            PrerequisiteError: bcc or kernel headers missing (as the child found).
+            RedirectError: the child failed to compile or load it.
+        """
+        argv = [sys.executable, "-m", "agent.redirect.ebpf", "compile", str(self.pin_root)]
+        try:
+            done = subprocess.run(
+                [*argv, prog.name],
+                capture_output=True,
+                text=True,
+                timeout=COMPILE_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise RedirectError("-", "-", f"bcc compile {prog.name}.c (child)", str(exc)) from exc
+        if done.returncode != 0:
+            try:
+                err = json.loads(done.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                err = {"kind": "redirect", "message": done.stderr[-2000:]}
+            if err.get("kind") == "prerequisite":
+                raise PrerequisiteError(err.get("message", ""), err.get("hint", ""))
+            raise RedirectError(
+                "-", "-", err.get("action", f"bcc compile {prog.name}.c"), err.get("message", "")
+            )
+        try:
+            fd = maps.obj_get(self.pin_root / "progs" / prog.name)
+        except BpfError as exc:
+            raise RedirectError("-", "-", f"open pinned {prog.name}", str(exc)) from exc
+        self._own_fds.append(fd)
+        self._fds[prog.name] = fd
+
+    def _compile_here(self, prog: Program) -> None:
         try:
             from bcc import BPF  # noqa: PLC0415
         except ImportError as exc:
@@ -362,7 +421,11 @@ class EbpfRedirector:
         """Release this process's handles; pinned programs, maps and links stay."""
         for b in self._bpf.values():
             b.close()
+        for fd in self._own_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         self._bpf.clear()
+        self._own_fds.clear()
         self._fds.clear()
 
     def uninstall(self) -> None:
@@ -763,3 +826,33 @@ def redirector(*, registry: Registry | None = None) -> EbpfRedirector:
         SettingError: a bad MESHAGENT_EBPF_ACCEL* value.
     """
     return EbpfRedirector(registry=registry)
+
+
+def _say(obj: dict[str, str]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _compile_main(argv: list[str]) -> int:
+    """`python -m agent.redirect.ebpf compile PIN_ROOT NAME`: compile, load and pin
+    one program under PIN_ROOT/progs (rule 1); on failure a JSON line on stdout."""
+    if len(argv) != 3 or argv[0] != "compile" or argv[2] not in PROGRAMS:
+        _say({"kind": "redirect", "message": f"usage: compile PIN_ROOT NAME: {argv}"})
+        return 2
+    red = EbpfRedirector(pin_root=Path(argv[1]), accelerate=False, compile_in_child=False)
+    try:
+        red._compile_here(PROGRAMS[argv[2]])  # noqa: SLF001 - the child half of _compile
+    except PrerequisiteError as exc:
+        _say({"kind": "prerequisite", "message": exc.what, "hint": exc.hint})
+        return 1
+    except RedirectError as exc:
+        action = exc.argv if isinstance(exc.argv, str) else " ".join(exc.argv)
+        _say({"kind": "redirect", "action": action, "message": exc.stderr})
+        return 1
+    finally:
+        red.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_compile_main(sys.argv[1:]))

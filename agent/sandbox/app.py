@@ -7,9 +7,11 @@ HTTP ports answer every request with JSON `{"pod", "namespace", "method",
 ""); `/status/NNN` answers with status NNN, `/delay/MS` answers after MS
 milliseconds; on any path the query parameters `status=NNN`, `delay=MS` and
 `fail_pod=NAME` (500 from that pod only) do the same, so routes such as
-`/slow/{id}` or `/retry/{id}` can be exercised. Opaque (`--tcp`) ports echo every byte back. With no port at all
-the process just waits: it is the pod's "pause" process, so the pod has a
-process in its cgroup for the agent to discover.
+`/slow/{id}` or `/retry/{id}` can be exercised. Opaque (`--tcp`) ports echo
+every byte back, and answer a client's half-close with their own once the
+echo is written. With no port at all the process just waits: it is the pod's
+"pause" process, so the pod has a process in its cgroup for the agent to
+discover.
 
 Rules:
 1. HTTP/1.1 with keep-alive; `Connection: close` or HTTP/1.0 without
@@ -136,6 +138,13 @@ async def _read_body(reader: asyncio.StreamReader, req: Request) -> None:
         await reader.readexactly(int(length))
 
 
+def _bounded(head: bytes) -> bytes:
+    """Raises: BadRequest: the request head is over MAX_HEAD bytes."""
+    if len(head) > MAX_HEAD:
+        raise BadRequest("head too large")
+    return head
+
+
 class Echo:
     """HTTP and TCP echo servers of one pod."""
 
@@ -150,9 +159,7 @@ class Echo:
                     head = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.IncompleteReadError:
                     return
-                if len(head) > MAX_HEAD:
-                    raise BadRequest("head too large")
-                req = parse_head(head[:-4])
+                req = parse_head(_bounded(head)[:-4])
                 await _read_body(reader, req)
                 status, delay, body = respond(req, pod=self.pod, namespace=self.namespace)
                 if delay:
@@ -199,7 +206,8 @@ async def serve(pod: str, namespace: str, http: list[int], tcp: list[int]) -> No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"echo pod={namespace}/{pod} http={http} tcp={tcp} ready", flush=True)
+    sys.stdout.write(f"echo pod={namespace}/{pod} http={http} tcp={tcp} ready\n")
+    sys.stdout.flush()
     try:
         await stop.wait()
     finally:
@@ -217,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(serve(args.pod, args.namespace, args.http, args.tcp))
     except OSError as exc:
-        print(f"echo: {exc}", file=sys.stderr)
+        sys.stderr.write(f"echo: {exc}\n")
         return 1
     return 0
 

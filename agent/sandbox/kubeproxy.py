@@ -56,8 +56,10 @@ def _service_rules(sp: ServicePortPlan) -> tuple[list[str], list[str]]:
     chains = [svc]
     comment = f'-m comment --comment "{sp.namespace}/{sp.service}:{sp.name or sp.port}"'
     lines = [
-        f"-A {SERVICES_CHAIN} -d {sp.cluster_ip}/32 -p {proto} -m {proto} --dport {sp.port} "
-        f"{comment} -j {svc}"
+        (
+            f"-A {SERVICES_CHAIN} -d {sp.cluster_ip}/32 -p {proto} -m {proto} --dport {sp.port} "
+            f"{comment} -j {svc}"
+        )
     ]
     if not sp.backends:
         lines.append(f"-A {svc} -p {proto} -j REJECT")
@@ -83,8 +85,10 @@ def rules(plan: ClusterPlan, node: NodeSpec) -> str:
         f"-A PREROUTING -j {SERVICES_CHAIN}",
         f"-A OUTPUT -j {SERVICES_CHAIN}",
         f"-A POSTROUTING -j {POSTROUTING_CHAIN}",
-        f"-A {POSTROUTING_CHAIN} -s {node.pod_cidr} -d {node.pod_cidr} "
-        "-m conntrack --ctstate DNAT -j MASQUERADE",
+        (
+            f"-A {POSTROUTING_CHAIN} -s {node.pod_cidr} -d {node.pod_cidr} "
+            "-m conntrack --ctstate DNAT -j MASQUERADE"
+        ),
     ]
     for sp in plan.service_ports:
         new_chains, lines = _service_rules(sp)

@@ -18,7 +18,8 @@ Rules:
    what was recorded, releases the agents' netns bind mounts of our pods, then
    removes pod cgroups, /etc/netns entries, host links and finally the lab
    (`Lab.cleanup_recorded`): namespaces, veths, bridges, lab cgroups. Rules and
-   BPF programs attached inside the namespaces go with them.
+   BPF programs attached inside the namespaces go with them; the eBPF pin
+   roots (one per node agent, `BPF_PIN_BASE-<node>`) are uninstalled first.
 2. `up` on a running sandbox whose processes are all alive is a no-op that
    prints its status; a partial or dead one is taken down first.
 3. The lab state lives under /run/meshagent/sandbox/lab, not netlab's default
@@ -38,6 +39,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +63,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 CONTROLPLANE_PORTS = (config.DESTINATION_PORT, config.IDENTITY_PORT, config.POLICY_PORT)
 AGENT_NETNS_DIR = Path("/run/meshagent/netns")
+BPF_PIN_BASE = Path("/sys/fs/bpf/meshagent-sandbox")  # + "-<node>"
 
 
 class SandboxError(AgentError):
@@ -141,8 +144,7 @@ def preflight(opts: UpOptions) -> str:
         SandboxError: not root, a tool or the manifests are missing, a port is taken,
         eBPF asked for but unavailable.
     """
-    if os.geteuid() != 0:
-        raise SandboxError("preflight", "must run as root", "sudo .venv/bin/meshagent sandbox up")
+    _need_root()
     for tool in ("ip", "nsenter", "iptables-restore"):
         if shutil.which(tool) is None:
             raise SandboxError(
@@ -172,20 +174,38 @@ def preflight(opts: UpOptions) -> str:
     return _redirect_mode(opts.redirect)
 
 
+def _need_root(verb: str = "up") -> None:
+    if os.geteuid() != 0:
+        raise SandboxError(
+            "preflight",
+            "must run as root (it creates namespaces, links, cgroups and capture rules)",
+            f"sudo .venv/bin/meshagent sandbox {verb}",
+        )
+
+
 def _redirect_mode(asked: str) -> str:
     if asked == "iptables":
         return asked
     from agent.redirect import check  # noqa: PLC0415 - bcc is slow to import
 
     ebpf = check.ebpf_checks()
-    mode, reason = check.auto_mode(ebpf)
+    mode, _reason = check.auto_mode(ebpf)
     if asked == "ebpf" and mode != "ebpf":
-        raise SandboxError(
-            "preflight",
-            f"eBPF redirect unavailable: {reason}",
-            "install bcc and kernel headers (see README set-up), or use --redirect iptables",
-        )
+        raise ebpf_unavailable(ebpf)
     return mode
+
+
+def ebpf_unavailable(checks: Sequence[Any] | None) -> SandboxError:
+    """The error for `--redirect ebpf` when eBPF checks fail: each failure and its fix."""
+    if checks is None:
+        return SandboxError(
+            "preflight", "eBPF mode is not available in this build", "use --redirect iptables"
+        )
+    failed = [c for c in checks if not c.ok]
+    reason = "; ".join(f"{c.name}: {c.detail}" for c in failed) or "no eBPF checks ran"
+    fixes = [c.hint for c in failed if c.hint]
+    hint = "; ".join(dict.fromkeys([*fixes, "or use --redirect iptables"]))
+    return SandboxError("preflight", f"eBPF redirect unavailable: {reason}", hint)
 
 
 def agent_available() -> bool:
@@ -342,7 +362,8 @@ def _make_nodes(
             }
         )
         say(
-            f"node {node.name}: netns {node.netns_name}, pods {node.subnet}, host link {link['node_ip']}"
+            f"node {node.name}: netns {node.netns_name}, pods {node.subnet}, "
+            f"host link {link['node_ip']}"
         )
     for a in range(len(labnodes)):
         for b in range(a + 1, len(labnodes)):
@@ -468,6 +489,11 @@ def start_agent(
     """One `meshagent run` for `node`, inside its netns; admin on its host-link address."""
     host = node["host_ip"]
     admin = f"{node['node_ip']}:{config.ADMIN_PORT}"
+    env = {"MESHAGENT_CLEANUP_ON_EXIT": "true"}
+    if mode == "ebpf":  # bpffs is one per machine: each node agent pins under its own root
+        pins = str(BPF_PIN_BASE.with_name(f"{BPF_PIN_BASE.name}-{node['name']}"))
+        state.add("bpf_pins", pins)  # recorded first: `down` uninstalls it even after a crash
+        env["MESHAGENT_BPF_PIN_ROOT"] = pins
     argv = [
         *_meshagent(),
         "run",
@@ -487,7 +513,7 @@ def start_agent(
         name=node["name"],
         log=SANDBOX_DIR / "logs" / f"agent-{node['name']}.log",
         netns_argv=netns.exec_argv(netns.named_path(node["netns"])),
-        env={"MESHAGENT_CLEANUP_ON_EXIT": "true"},
+        env=env,
     )
     node["admin_url"] = f"http://{admin}"
     state.save()
@@ -560,13 +586,15 @@ def _wait_ready(state: _State, deadline: float, say: Callable[[str], None]) -> N
     say("control plane: serving on :8086 (destination), :8080 (identity), :8090 (policy)")
     for node in state.data["nodes"]:
         if url := node.get("admin_url"):
-            _wait(f"agent {node['name']}", lambda u=url: _http_ok(f"{u}/ready"), deadline,
-                  f"see {logs / ('agent-' + node['name'] + '.log')}")  # fmt: skip
+            log = logs / f"agent-{node['name']}.log"
+            _wait(
+                f"agent {node['name']}", partial(_http_ok, f"{url}/ready"), deadline, f"see {log}"
+            )
             say(f"agent {node['name']}: ready ({url})")
     for pod in state.data.get("pods", []):
         name = f"{pod['namespace']}/{pod['name']}"
-        _wait(f"pod {name}", lambda p=pod: app_ready(p), deadline,
-              f"see {logs / ('app-' + pod['namespace'] + '-' + pod['name'] + '.log')}")  # fmt: skip
+        log = logs / f"app-{pod['namespace']}-{pod['name']}.log"
+        _wait(f"pod {name}", partial(app_ready, pod), deadline, f"see {log}")
     say(f"pods: {len(state.data.get('pods', []))} ready")
 
 
@@ -580,6 +608,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
         SandboxError: preflight failed, or something did not come up (it is then taken down).
     """
     say = opts.progress
+    _need_root()
     existing = _load_state()
     if existing is not None:
         if existing.get("phase") == "ready" and all(_ours(p) for p in existing.get("procs", [])):
@@ -588,6 +617,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
         say("a previous sandbox is recorded but not healthy: taking it down first")
         down(say)
     mode = preflight(opts)
+    say(f"preflight: ok (redirect {mode}, {opts.nodes} node(s), manifests {opts.manifests})")
     from agent.controlplane import manifests  # noqa: PLC0415
 
     objects, errors = manifests.load_folder(opts.manifests)
@@ -601,7 +631,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
             "redirect": mode,
             "lab_prefix": PREFIX,
             "lab_dir": str(LAB_DIR),
-        }  # fmt: skip
+        }
     )
     state.save()
     try:
@@ -642,14 +672,17 @@ def _build(
         )
     say("kube-proxy: service rules loaded in every node")
     _start_controlplane(state, gen, identity)
+    say("control plane: starting")
     with_agents = agent_available() if opts.agents is None else opts.agents
     if with_agents:
         for node in nodes:
             start_agent(state, node, gen, identity, mode)
+            say(f"agent {node['name']}: starting (redirect {mode}, admin {node['admin_url']})")
     else:
         say("agents: not started (`meshagent run` unavailable or --no-agents); pods run unmeshed")
     for p in plan.pods:
         start_app(state, p, labpods[p.key])
+    say(f"apps: {len(plan.pods)} started; waiting for readiness")
     _wait_ready(state, deadline, say)
     state.data["phase"] = "ready"
     state.save()
@@ -717,6 +750,22 @@ def _release_agent_netns(uids: list[str]) -> list[str]:
     return errors
 
 
+def _uninstall_bpf(pin_roots: list[str]) -> list[str]:
+    """Remove the eBPF programs, maps, links and pins the agents left (a killed one leaves all)."""
+    errors = []
+    for raw in pin_roots:
+        root = Path(raw)
+        if not root.exists():
+            continue
+        from agent.redirect.ebpf import EbpfRedirector  # noqa: PLC0415 - eBPF mode only
+
+        try:
+            EbpfRedirector(pin_root=root, accelerate=False).uninstall()
+        except (AgentError, OSError) as exc:
+            errors.append(f"bpf pins {root}: {exc}")
+    return errors
+
+
 def _rm_cgroup(path: Path) -> None:
     if not path.exists():
         return
@@ -736,10 +785,10 @@ def down(say: Callable[[str], None] = lambda _m: None) -> list[str]:
     """Remove everything the recorded sandbox made (rule 1); returns the errors."""
     data = _load_state()
     if data is None:
-        errors = Lab.cleanup_recorded(PREFIX, state_dir=LAB_DIR)
-        return errors
+        return Lab.cleanup_recorded(PREFIX, state_dir=LAB_DIR)
     errors = _kill_recorded(data.get("procs", []))
     say("processes stopped")
+    errors += _uninstall_bpf(data.get("bpf_pins", []))
     errors += _release_agent_netns([p["uid"] for p in data.get("pods", [])])
     for cg in reversed(data.get("cgroups", [])):
         try:
@@ -757,35 +806,90 @@ def down(say: Callable[[str], None] = lambda _m: None) -> list[str]:
     errors += Lab.cleanup_recorded(PREFIX, state_dir=LAB_DIR)
     say("namespaces, links and cgroups removed")
     if not errors:
-        for path in (STATE_FILE, SANDBOX_DIR / "manifests", SANDBOX_DIR / "identity"):
-            if path.is_dir():
-                if data.get("identity_dir") == str(path) or path.name == "manifests":
-                    shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
+        _forget(data)
     return errors
 
 
+def _forget(data: dict[str, Any]) -> None:
+    """Remove the state file, generated manifests and the PKI `up` made."""
+    for path in (STATE_FILE, SANDBOX_DIR / "manifests", SANDBOX_DIR / "identity"):
+        if path.is_dir():
+            if data.get("identity_dir") == str(path) or path.name == "manifests":
+                shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def example_call(data: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """A pod and a URL it can call through the mesh, from the manifests in use (for hints)."""
+    from agent.sandbox import view  # noqa: PLC0415
+
+    pods = data.get("pods", [])
+    services = [s for s in view._services(data) if not s[3]]  # noqa: SLF001 - same package
+    for want_meshed in (True, False):
+        for ns, name, port, _ in services:
+            callers = [
+                p
+                for p in pods
+                if p["namespace"] == ns
+                and p["meshed"] == want_meshed
+                and p["name"].rsplit("-", 2)[0] != name
+            ]
+            if callers:
+                return callers[0], f"http://{name}.{ns}.svc.cluster.local:{port}/"
+    return None
+
+
 def hints(info: dict[str, Any]) -> str:
-    """How to look inside (printed after `up`)."""
-    lines = ["", "sandbox is up. Look inside:"]
-    pods = info.get("pods", [])
-    if pods:
-        lines.append(
-            f"  ip netns exec {pods[0]['netns']} curl -s http://web.shop.svc.cluster.local:8080/"
-        )
-    lines += [
-        "  meshagent sandbox status",
-        "  meshagent redirects list",
-        "  meshagent stat",
-    ]
-    lines += [
-        f"  curl {a['admin_url']}/metrics   # agent on {a['node']}" for a in info.get("agents", [])
-    ]
+    """How to look inside (printed after `up`), for the manifests and agents in use."""
+    lines = ["", f"sandbox is up (redirect {info.get('redirect')}). Look inside:"]
+    call = example_call(_load_state() or {})
+    if call is not None:
+        pod, url = call
+        lines.append(f"  ip netns exec {pod['netns']} curl -s {url}   # from {pod['name']}")
+    lines += ["  meshagent sandbox status", "  meshagent sandbox view        # live traffic"]
+    if info.get("agents"):
+        lines += ["  meshagent redirects list", "  meshagent stat"]
+        lines += [
+            f"  curl {a['admin_url']}/metrics   # agent on {a['node']}" for a in info["agents"]
+        ]
     lines.append(f"  logs: {SANDBOX_DIR / 'logs'}/   generated manifests: {info.get('generated')}")
     lines.append("  meshagent sandbox down")
     return "\n".join(lines)
+
+
+def view(duration: float | None = None) -> int:
+    """The live view on a running sandbox (drives traffic while it runs); it stays up after.
+
+    Raises:
+        SandboxError: no sandbox is up.
+    """
+    from agent.sandbox import view as live  # noqa: PLC0415
+
+    data = _load_state()
+    if data is None or data.get("phase") != "ready":
+        raise SandboxError("view", "no sandbox is up", "meshagent sandbox up --detach")
+    before = {p["pid"] for p in data.get("procs", [])}
+    try:
+        live.run(data, duration=duration, spawn=lambda argv, pod: _spawn_client(data, argv, pod))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _stop_drivers(before)
+    return 0
+
+
+def _stop_drivers(keep: set[int]) -> None:
+    """Stop the traffic drivers started since (not in `keep`) and forget them."""
+    data = _load_state()
+    if data is None:
+        return
+    procs = data.get("procs", [])
+    mine = [p for p in procs if p["role"] == "driver" and p["pid"] not in keep]
+    _kill_recorded(mine)
+    data["procs"] = [p for p in procs if p not in mine]
+    _State(data).save()
 
 
 def foreground(opts: UpOptions) -> int:

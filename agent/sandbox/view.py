@@ -91,36 +91,47 @@ def client_rows(stats: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _metrics(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=1) as resp:  # noqa: S310 - ours
+            return str(resp.read().decode())
+    except (OSError, ValueError):
+        return None
+
+
+def _new_row(pod: str, node: str) -> dict[str, Any]:
+    return {"pod": pod, "node": node, "requests": 0, "tcp_open": 0,
+            "tls": set(), "clients": set(), "denied": 0}  # fmt: skip
+
+
+def _add_sample(row: dict[str, Any], name: str, labels: dict[str, str], value: float) -> None:
+    if name == "request_total":
+        row["requests"] += int(value)
+        if labels.get("tls"):
+            row["tls"].add(labels["tls"])
+        if labels.get("client_id"):
+            row["clients"].add(labels["client_id"].split(".")[0])
+    elif name == "tcp_open_connections":
+        row["tcp_open"] += int(value)
+    elif name.startswith(("inbound_http_authz_deny", "inbound_tcp_authz_deny")):
+        row["denied"] += int(value)
+
+
 def agent_rows(agents: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per pod, from the agents' /metrics (empty when none answers)."""
     from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
 
     per: dict[str, dict[str, Any]] = {}
     for agent in agents:
-        try:
-            with urllib.request.urlopen(f"{agent['admin_url']}/metrics", timeout=1) as resp:  # noqa: S310
-                text = resp.read().decode()
-        except (OSError, ValueError):
+        text = _metrics(agent["admin_url"])
+        if text is None:
             continue
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
                 pod = f"{s.labels.get('namespace', '')}/{s.labels.get('pod', '')}"
-                if pod == "/":
-                    continue
-                row = per.setdefault(pod, {"pod": pod, "node": agent["node"], "requests": 0,
-                                           "tcp_open": 0, "tls": set(), "clients": set(), "denied": 0})  # fmt: skip
-                if s.name == "request_total":
-                    row["requests"] += int(s.value)
-                    if s.labels.get("tls"):
-                        row["tls"].add(s.labels["tls"])
-                    if s.labels.get("client_id"):
-                        row["clients"].add(s.labels["client_id"].split(".")[0])
-                elif s.name == "tcp_open_connections":
-                    row["tcp_open"] += int(s.value)
-                elif s.name.startswith("inbound_http_authz_deny") or s.name.startswith(
-                    "inbound_tcp_authz_deny"
-                ):
-                    row["denied"] += int(s.value)
+                if pod != "/":
+                    row = per.setdefault(pod, _new_row(pod, agent["node"]))
+                    _add_sample(row, s.name, s.labels, s.value)
     return [
         {**r, "tls": ",".join(sorted(r["tls"])), "clients": ",".join(sorted(r["clients"]))}
         for _, r in sorted(per.items())
@@ -150,15 +161,20 @@ def run(
     for key, urls in traffic(list(pods.values()), _services(data)).items():
         stats = STATS_DIR / (key.replace("/", "__") + ".json")
         spawn([sys.executable, "-m", "agent.sandbox.load", "--stats", str(stats), *urls], pods[key])
-    agents = agents if agents is not None else [
-        {"node": n["name"], "admin_url": n["admin_url"]} for n in data.get("nodes", []) if n.get("admin_url")
-    ]  # fmt: skip
+    if agents is None:
+        agents = [
+            {"node": n["name"], "admin_url": n["admin_url"]}
+            for n in data.get("nodes", [])
+            if n.get("admin_url")
+        ]
     end = time.monotonic() + duration if duration else None
     while end is None or time.monotonic() < end:
         time.sleep(REFRESH)
-        out = ["\x1b[2J\x1b[H" if sys.stdout.isatty() else "", time.strftime("%H:%M:%S"),
-               "meshagent sandbox (Ctrl-C to stop)", "", table(client_rows(_read_stats()))]  # fmt: skip
+        clear = "\x1b[2J\x1b[H" if sys.stdout.isatty() else ""
+        out = [clear, time.strftime("%H:%M:%S"), "meshagent sandbox (Ctrl-C to stop)", ""]
+        out.append(table(client_rows(_read_stats())))
         rows = agent_rows(agents)
         if rows:
             out += ["", table(rows)]
-        print("\n".join(out), flush=True)
+        sys.stdout.write("\n".join(out) + "\n")
+        sys.stdout.flush()

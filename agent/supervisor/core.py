@@ -26,6 +26,10 @@ Rules:
    and pushes `("dst", target)` -> Destination whenever an answer changes
    (`agent.supervisor.resolve`). Streams stay open; the client reconnects
    with backoff and the last state keeps being served meanwhile.
+   1b. A target whose stream fails before its first answer (NOT_FOUND,
+   INVALID_ARGUMENT, control plane unreachable) gets `exists=False` within
+   `UNANSWERED_CHECK_S`, so workers forward at once instead of waiting out
+   their timeout; a later answer replaces it.
 2. SIGTERM/SIGINT: workers drain up to `--grace`, then everything closes;
    redirects stay programmed (as Linkerd keeps iptables across proxy
    restarts), so a restarted agent finds them in the registry and
@@ -43,21 +47,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives import serialization
 
 from agent import aio
 from agent.admin import controls
-from agent.admin.aggregate import MetricsAggregator, render
-from agent.admin.node import NodeMetrics
+from agent.admin.aggregate import Exposition, MetricsAggregator
+from agent.admin.node import NodeMetrics, measure_loop_lag
 from agent.admin.server import AdminServer
+from agent.admin.tap import TapHub
 from agent.control.cache import DestinationKey, PolicyKey, ProfileKey, StateCache
-from agent.control.client import ContextToken, ControlPlaneClient
+from agent.control.client import ContextToken, ControlPlaneClient, StreamState
 from agent.control.tokens import minting_source
-from agent.errors import AgentError
+from agent.errors import AgentError, SettingError
 from agent.identity.chain import load_trust_bundle
 from agent.identity.manager import IdentityManager
 from agent.identity.manager import TlsMaterial as IdTls
@@ -83,6 +90,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 RETRY_S = 1.0  # pods not found yet are retried this often
+UNANSWERED_CHECK_S = 0.05  # how often targets with failed, unanswered streams are looked for
+ENV_BPF_PIN_ROOT = "MESHAGENT_BPF_PIN_ROOT"
+ENV_REDIRECT = "MESHAGENT_REDIRECT"  # the resolved mode, for the workers
 
 
 @dataclass(slots=True, kw_only=True)
@@ -120,12 +130,23 @@ class Supervisor:
         self.settings = settings
         self.registry = registry or Registry()
         self.mode = Mode(settings.redirect) if settings.redirect != "auto" else _auto_mode()
-        self.redirector: Any = iptables.redirector_for(
-            self.mode, registry=self.registry, iptables_mode=iptables_mode, writer=iptables_writer
+        self.redirector: Any = (
+            _ebpf_redirector(self.registry)
+            if self.mode is Mode.EBPF
+            else iptables.redirector_for(
+                self.mode,
+                registry=self.registry,
+                iptables_mode=iptables_mode,
+                writer=iptables_writer,
+            )
         )
         self.gate = controls.ReadinessGate()
         self.node_metrics = NodeMetrics()
         self.aggregator = MetricsAggregator()
+        self.exposition = Exposition(self.aggregator)
+        self.exposition.add_source(self.node_metrics.families)
+        self.tap = TapHub()
+        self.tap.on_change = self._on_tap_change
         self.cache = StateCache(on_change=self._on_cache_change)
         self.controlplane: ControlPlane | None = None
         self.client: ControlPlaneClient | None = None
@@ -174,9 +195,18 @@ class Supervisor:
         )
         self.pool = WorkerPool(
             s.workers,
-            options=WorkerOptions(grace_s=s.grace, plugins=s.worker_plugins, log_level=s.log_level),
+            options=WorkerOptions(
+                grace_s=s.grace,
+                plugins=s.worker_plugins,
+                log_level=s.log_level,
+                # workers learn the node's capture mode here (agent.proxy.inbound.app_addr)
+                env={**os.environ, ENV_REDIRECT: self.mode.value},
+            ),
             on_need=self._on_need,
             on_stats=self._on_stats,
+            on_metrics=self._on_metrics,
+            on_tap=self._on_tap,
+            on_exit=self._on_worker_exit,
         )
         self.pool.broadcast(ch.StateUpdate(key=(state.NODE,), value=self._node_info()))
         self.pool.broadcast(ch.StateUpdate(key=(state.TRUST,), value=bundle.pem))
@@ -189,6 +219,7 @@ class Supervisor:
             metrics=self.metrics_text,
             ready=self._ready,
             config_dump=self.config_dump,
+            tap=self.tap,
         )
         await self.admin.start()
         self.source = ManifestPodSource(
@@ -200,6 +231,8 @@ class Supervisor:
             aio.spawn(self.identity.run(), name="identity"),
             aio.spawn(self._pods_loop(), name="pod-source"),
             aio.spawn(self._reconcile_loop(), name="reconcile"),
+            aio.spawn(measure_loop_lag(self.node_metrics.set_loop_lag), name="loop-lag"),
+            aio.spawn(self._unanswered_loop(), name="unanswered-targets"),
         ]
         logger.info(
             "agent started",
@@ -261,6 +294,10 @@ class Supervisor:
         if self.settings.cleanup_on_exit:
             for key in list(self.enrolled):
                 await self._unenroll(self.enrolled[key].pod)
+            if self.mode is Mode.EBPF:  # programs, maps, node links and pins too
+                await asyncio.to_thread(self.redirector.uninstall)
+        elif self.mode is Mode.EBPF:
+            self.redirector.close()  # pinned programs and links keep capturing (rule 2)
         if self.client is not None:
             await self.client.close()
         if self.controlplane is not None:
@@ -407,6 +444,7 @@ class Supervisor:
             node=self.settings.node,
             opaque_ports=_ports(e.spec.opaque_ports, pod.container_ports),
             skip_inbound_ports=_ports(e.spec.skip_inbound_ports, pod.container_ports),
+            owner_labels=self._owner_labels(pod),
         )
         self.pool.broadcast(ch.StateUpdate(key=(state.POD, pod.key), value=info))
         self.pool.broadcast(ch.StateUpdate(key=(state.POD_IP, pod.ip), value=pod.key))
@@ -477,6 +515,29 @@ class Supervisor:
             t.endpoints = self.client.watch_destination(plan.authority)
         self._refresh_target(target, t)
 
+    async def _unanswered_loop(self) -> None:
+        """Rule 1b: targets whose streams failed before any answer are not mesh services."""
+        while True:
+            await asyncio.sleep(UNANSWERED_CHECK_S)
+            if self.client is None or self.pool is None:
+                continue
+            waiting = {n: t for n, t in self._targets.items() if t.pushed is None}
+            if not waiting:
+                continue
+            failed = {
+                st.key
+                for st in self.client.streams()
+                if st.state is StreamState.BACKOFF and st.messages == 0
+            }
+            for name, t in waiting.items():
+                if t.profile in failed or (t.endpoints is not None and t.endpoints in failed):
+                    t.pushed = resolve.not_a_service(name)
+                    logger.info(
+                        "destination unanswered, forwarding as not a mesh service",
+                        extra={"target": name},
+                    )
+                    self.pool.broadcast(ch.StateUpdate(key=(state.DST, name), value=t.pushed))
+
     def _refresh_target(self, target: str, t: _Target) -> None:
         assert self.client is not None  # noqa: S101 - set by start()
         assert self.pool is not None  # noqa: S101 - set by start()
@@ -538,8 +599,49 @@ class Supervisor:
         self.node_metrics.set_cert_expiry(material.identity, material.expiry.timestamp())
 
     def _on_stats(self, stats: ch.Stats) -> None:
-        if hasattr(stats, "families"):  # a MetricsSnapshot, once workers send them
-            self.aggregator.update(stats)  # type: ignore[arg-type]
+        pass  # the pool keeps the latest per worker (`WorkerInfo.stats`)
+
+    # --- observability ------------------------------------------------------------------
+
+    def _on_metrics(self, msg: ch.Metrics) -> None:
+        self.aggregator.update(msg.snapshot)
+
+    def _on_worker_exit(self, worker_id: int, pid: int) -> None:
+        """Fold a dead worker's counts into the retired base (its last report came first)."""
+        if self.aggregator.live_workers.get(worker_id) == pid:
+            self.aggregator.retire(worker_id)
+        if self.pool is not None and not self._stopping.is_set():
+            self.node_metrics.inc_worker_restarts()
+
+    def _on_tap(self, msg: ch.TapEvents) -> None:
+        for event in msg.events:
+            self.tap.publish(event)
+
+    def _on_tap_change(self, pods: frozenset[str]) -> None:
+        if self.pool is None:
+            return
+        key = ("tap",)
+        self.pool.broadcast(
+            ch.StateUpdate(key=key, value=pods) if pods else ch.StateDelete(key=key)
+        )
+
+    def _owner_labels(self, pod: PodSpec) -> dict[str, str]:
+        """`deployment=NAME` of the pod: the Deployment whose selector matches it, or the
+        name minus its ReplicaSet hash and suffix (`web-7d4b9c-x2x` -> `web`)."""
+        labels = dict(pod.labels)
+        if self.controlplane is not None:
+            from agent.controlplane import resources as r  # noqa: PLC0415 - embedded only
+
+            snap = self.controlplane.store.snapshot()
+            for dep in snap.of_kind(r.Deployment, pod.namespace):
+                sel = dep.selector
+                if (sel.match_labels or sel.match_expressions) and sel.matches(labels):
+                    return {"deployment": dep.name}
+        template_hash = labels.get("pod-template-hash")
+        marker = f"-{template_hash}-"
+        if template_hash and marker in pod.name:
+            return {"deployment": pod.name.rsplit(marker, 1)[0]}
+        return {}
 
     # --- admin ------------------------------------------------------------------------
 
@@ -573,11 +675,22 @@ class Supervisor:
 
     def metrics_text(self) -> str:
         """Prometheus text: node and agent families, and the workers' merged ones."""
+        nm = self.node_metrics
         if self.pool is not None:
-            self.node_metrics.set_workers({w.worker_id: w.pid for w in self.pool.workers})
+            nm.set_workers({w.worker_id: w.pid for w in self.pool.workers})
             up = sum(1 for w in self.pool.workers if w.ready)
-            self.node_metrics.set_worker_counts(desired=self.pool.n, up=up)
-        return render([*self.node_metrics.families(), *self.aggregator.families()])
+            nm.set_worker_counts(desired=self.pool.n, up=up)
+        if self.client is not None:
+            by_kind: dict[str, list[Any]] = {}
+            for st in self.client.streams():
+                by_kind.setdefault(st.kind, []).append(st)
+            for kind, streams in by_kind.items():
+                nm.set_stream_state(kind, all(st.state.value == "live" for st in streams))
+                nm.set_reconnects(kind, sum(st.reconnects for st in streams))
+        if self.identity is not None:
+            for ident in self.identity.status():
+                nm.set_cert_totals(ident.identity, renewals=ident.renewals, failures=ident.failures)
+        return self.exposition.render()
 
     def config_dump(self) -> dict[str, Any]:
         """The agent's state for `/config_dump` (no keys; the admin server scrubs too)."""
@@ -588,7 +701,13 @@ class Supervisor:
             "pending": dict(self.pending),
             "destinations": {t: _dst_dump(x.pushed) for t, x in self._targets.items()},
             "streams": [
-                {"kind": s.kind, "key": str(s.key), "state": s.state.value, "messages": s.messages}
+                # "target", not "key": the admin server scrubs fields named like secrets
+                {
+                    "kind": s.kind,
+                    "target": str(s.key),
+                    "state": s.state.value,
+                    "messages": s.messages,
+                }
                 for s in (self.client.streams() if self.client else [])
             ],
             "identities": [
@@ -600,7 +719,51 @@ class Supervisor:
                 for w in (self.pool.workers if self.pool else [])
             ],
             "listeners": self.pool.listener_ids if self.pool else [],
+            "policies": self._policies_dump(),
+            "certificates": [
+                {
+                    "identity": st.identity,
+                    "namespace": st.ns,
+                    "serviceaccount": st.sa,
+                    "ready": st.ready,
+                    "expiry": st.expiry,
+                    "renew_at": st.renew_at,
+                    "renewals": st.renewals,
+                    "failures": st.failures,
+                    "last_error": st.last_error,
+                }
+                for st in (self.identity.status() if self.identity else [])
+            ],
         }
+
+    def _policies_dump(self) -> dict[str, Any]:
+        """`ns/pod:port` -> the inbound policy the agent holds (None: no answer yet)."""
+        out: dict[str, Any] = {}
+        for e in self.enrolled.values():
+            for key in sorted(e.policy_keys, key=lambda k: k.port):
+                out[f"{key.ns}/{key.pod}:{key.port}"] = self.cache.policy(key)
+        return out
+
+
+def _ebpf_redirector(registry: Registry) -> Any:
+    """The eBPF redirector, pinned under MESHAGENT_BPF_PIN_ROOT (default /sys/fs/bpf/meshagent).
+
+    Agents sharing a machine (the sandbox's nodes, tests) each take their own pin root.
+
+    Raises:
+        SettingError: a bad MESHAGENT_EBPF_* value, or eBPF mode missing from this build.
+    """
+    try:
+        from agent.redirect import ebpf  # noqa: PLC0415 - bcc is slow to import
+    except ImportError:
+        raise SettingError(
+            "--redirect", "ebpf", "eBPF mode is not available in this build"
+        ) from None
+    raw = os.environ.get(ENV_BPF_PIN_ROOT, "").strip()
+    pin_root = Path(raw) if raw else ebpf.PIN_ROOT
+    if not pin_root.is_absolute() or ebpf.BPFFS not in pin_root.parents:
+        raise SettingError(ENV_BPF_PIN_ROOT, raw, f"must be a directory under {ebpf.BPFFS}")
+    return ebpf.EbpfRedirector(pin_root=pin_root, registry=registry)
 
 
 def _auto_mode() -> Mode:
@@ -632,6 +795,7 @@ def _pod_dump(e: Enrolled) -> dict[str, Any]:
         "netns": str(e.net.netns),
         "cgroup": str(e.net.cgroup) if e.net.cgroup else None,
         "identity": e.identity,
+        "serviceaccount": e.pod.service_account,
         "ports": list(e.pod.container_ports),
         "listeners": list(e.listener_ids),
     }
@@ -645,4 +809,17 @@ def _dst_dump(d: state.Destination | None) -> Any:
         "exists": d.exists,
         "endpoints": [f"{ep.addr[0]}:{ep.addr[1]}" for ep in d.endpoints],
         "opaque": d.opaque,
+        "endpoint_details": [
+            {
+                "addr": f"{ep.addr[0]}:{ep.addr[1]}",
+                "weight": ep.weight,
+                "identity": ep.tls_identity,
+                "node": ep.node,
+                "labels": dict(ep.labels),
+                "protocol_hint": ep.protocol_hint,
+                "opaque_transport_port": ep.opaque_transport_port,
+            }
+            for ep in d.endpoints
+        ],
+        "profile": d.profile,
     }

@@ -10,6 +10,9 @@ Rules (Linkerd's outbound discovery, simplified):
    directly.
 4. Until the needed answers have arrived, there is no Destination yet (None);
    the worker keeps waiting (or times out and falls back itself).
+5. A stream that failed before answering (NOT_FOUND, INVALID_ARGUMENT,
+   UNAVAILABLE) means "not a mesh service" (`not_a_service`): the worker
+   forwards to the original destination; a later answer replaces it.
 """
 
 from __future__ import annotations
@@ -86,3 +89,8 @@ def destination(
             opaque=opaque,
         )
     return Destination(target=target, exists=False, profile=profile, opaque=opaque)
+
+
+def not_a_service(target: str) -> Destination:
+    """What a target whose streams failed unanswered resolves to (rule 5)."""
+    return Destination(target=target, exists=False)

@@ -63,6 +63,8 @@ VIP_TWO = "10.96.0.13"  # two endpoints on n2 (removal, retries, timeouts)
 VIP_WRONG = "10.96.0.14"  # endpoint claims another identity
 VIP_RETRY = "10.96.0.16"  # a good and a failing endpoint on n2
 VIP_DETECT = "10.96.0.17"  # echo on n2, protocol detected (not marked opaque)
+VIP_HC_REMOTE = "10.96.0.18"  # opaque delayed echo on n2 (half-close across nodes, mTLS)
+VIP_HC_LOCAL = "10.96.0.19"  # opaque delayed echo on n1 (half-close, same-node path)
 
 
 # --- PKI ---------------------------------------------------------------------------
@@ -152,6 +154,31 @@ class Echo(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         return False
+
+
+class DelayedEcho(asyncio.Protocol):
+    """Keeps what it reads; after the client's FIN, waits, sends it all back, then closes.
+
+    Only a relay that keeps the client's read side open after its half-close
+    delivers the answer.
+    """
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.buf = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+
+    def eof_received(self) -> bool:
+        asyncio.get_running_loop().call_later(0.3, self._answer)
+        return True
+
+    def _answer(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(bytes(self.buf))
+            self.transport.write_eof()
+            self.transport.close()
 
 
 async def serve_in(pod, port: int, factory) -> asyncio.Server:
@@ -401,7 +428,20 @@ async def world(lab, pki):
             endpoints=(ep(web2, 8080, OTHER),),
         ),
     )
+    for vip, pod in ((VIP_HC_REMOTE, web2), (VIP_HC_LOCAL, web1)):
+        w.push(
+            "n1",
+            ("dst", f"{vip}:9001"),
+            Destination(
+                target=f"{vip}:9001",
+                authority="hc.shop.svc.cluster.local:9001",
+                exists=True,
+                opaque=True,
+                endpoints=(ep(pod, 9001),),
+            ),
+        )
     w.push("n1", ("policy", "shop/web1", 8080), allow_identities(ALPHA, name="web1-alpha"))
+    w.push("n2", ("policy", "shop/web2", 9001), ServerPolicy.default("all-authenticated"))
     for port in (8080, 8081, 8082):
         w.push("n2", ("policy", "shop/web2", port), ServerPolicy.default("all-authenticated"))
     w.push("n2", ("policy", "shop/web2", 9000), ServerPolicy.default("all-authenticated"))
@@ -410,6 +450,9 @@ async def world(lab, pki):
         await serve_in(web2, 8081, lambda: HttpApp("web2:8081", w.hits, failing=False)),
         await serve_in(web2, 8082, lambda: HttpApp("web2:8082", w.hits, failing=True)),
         await serve_in(web2, 9000, Echo),
+        await serve_in(web2, 9001, DelayedEcho),
+        await serve_in(web1, 9001, DelayedEcho),
+        await serve_in(pods["c"], 9001, DelayedEcho),
         await serve_in(web1, 8080, lambda: HttpApp("web1:8080", w.hits, failing=False)),
         await serve_in(pods["c"], 7000, lambda: HttpApp("c:7000", w.hits, failing=False)),
     ]
@@ -601,6 +644,34 @@ async def test_opaque_relay_is_byte_exact_for_1_mib(world):
         assert bytes(got) == payload
     finally:
         sock.close()
+
+
+async def _send_half_close_read_all(pod, addr, payload: bytes) -> bytes:
+    """Send `payload`, shut down writing, read until EOF (issue 4: half-close)."""
+    sock = await raw_connect(pod, addr)
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_sendall(sock, payload)
+        sock.shutdown(socket.SHUT_WR)
+        got = bytearray()
+        async with asyncio.timeout(10):
+            while chunk := await loop.sock_recv(sock, 1 << 16):
+                got += chunk
+        return bytes(got)
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("where", ["cross-node-mtls", "same-node", "not-meshed-forward"])
+async def test_opaque_half_close_delivers_the_answer_sent_after_the_clients_fin(world, where):
+    """Issue 4: a client FIN ends only its direction; the server's later answer arrives."""
+    addr = {
+        "cross-node-mtls": (VIP_HC_REMOTE, 9001),
+        "same-node": (VIP_HC_LOCAL, 9001),
+        "not-meshed-forward": (world.pods["c"].ip, 9001),
+    }[where]
+    payload = secrets.token_bytes(300_000)
+    assert await _send_half_close_read_all(world.pods["a"], addr, payload) == payload
 
 
 async def test_not_a_mesh_service_is_forwarded_to_the_original_destination(world):

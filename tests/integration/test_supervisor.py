@@ -39,11 +39,13 @@ metadata: {name: shop, annotations: {linkerd.io/inject: enabled}}
 """
 
 
-def pod_yaml(name: str, uid: str, ip: str, *, sa: str = "default", node: str = NODE) -> str:
+def pod_yaml(  # noqa: PLR0913 - a pod's fields
+    name: str, uid: str, ip: str, *, sa: str = "default", node: str = NODE, app: str = ""
+) -> str:
     return f"""\
 apiVersion: v1
 kind: Pod
-metadata: {{name: {name}, namespace: shop, uid: {uid}, labels: {{app: {name}}}}}
+metadata: {{name: {name}, namespace: shop, uid: {uid}, labels: {{app: {app or name}}}}}
 spec:
   nodeName: {node}
   serviceAccountName: {sa}
@@ -142,11 +144,17 @@ class Mesh:
             self.write_pod(name)
         return lp
 
-    def write_pod(self, name: str) -> None:
+    def write_pod(self, name: str, *, app: str = "") -> None:
         uid, lp = self.pods[name]
-        (self.manifests / f"pod-{name}.yaml").write_text(pod_yaml(name, uid, lp.ip))
+        (self.manifests / f"pod-{name}.yaml").write_text(pod_yaml(name, uid, lp.ip, app=app))
 
-    def start(self, *extra: str, control_plane: str = "embedded", cleanup: bool = True) -> None:
+    def start(
+        self,
+        *extra: str,
+        control_plane: str = "embedded",
+        cleanup: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
         argv = [
             str(MESHAGENT),
             "run",
@@ -172,7 +180,9 @@ class Mesh:
             *extra,
         ]
         self.log = (self.tmp / "agent.log").open("wb")
-        self.agent = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT)
+        self.agent = subprocess.Popen(
+            argv, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
 
     def admin(self, path: str) -> tuple[int, bytes]:
         return http_get(f"http://127.0.0.1:{self.admin_port}{path}")
@@ -276,8 +286,16 @@ def test_pods_added_and_removed_while_running_are_enrolled_and_unenrolled(mesh: 
     assert "PROXY_INIT_REDIRECT" in nat_rules(later)
     assert {4140, 4143} <= listening(later)
 
+    policy_streams = lambda: [  # noqa: E731
+        st
+        for st in mesh.dump()["streams"]
+        if st["kind"] == "policy" and "pod='later'" in st["target"]
+    ]
+    wait_for("later's policy stream", policy_streams, timeout=10)
+
     (mesh.manifests / "pod-later.yaml").unlink()
     wait_for("unenrolled", lambda: "shop/later" not in mesh.enrolled(), timeout=10)
+    assert policy_streams() == []  # the pod is gone: so is its WatchPort stream
     wait_for("rules gone", lambda: "PROXY_INIT_REDIRECT" not in nat_rules(later), timeout=5)
     wait_for("listeners gone", lambda: not ({4140, 4143} & listening(later)), timeout=5)
     assert not (mesh.netns_dir / mesh.pods["later"][0]).exists()
@@ -321,8 +339,11 @@ def test_sigterm_exits_zero_within_grace_and_keeps_redirects(mesh: Mesh) -> None
 def test_known_traffic_keeps_flowing_while_the_control_plane_is_down(
     mesh: Mesh, tmp_path: Path
 ) -> None:
+    """Issue 5: a long control-plane outage; known destinations keep working throughout,
+    and the client reconnects afterwards (an endpoint added meanwhile shows up)."""
     a = mesh.pod("client")
     b = mesh.pod("web")
+    late = mesh.pod("web-late", manifest=False)  # a second replica of web, added while down
     ports = {name: free_port() for name in ("destination", "identity", "policy")}
     cp_argv = [
         str(MESHAGENT),
@@ -341,6 +362,9 @@ def test_known_traffic_keeps_flowing_while_the_control_plane_is_down(
     def start_cp() -> subprocess.Popen[bytes]:
         return subprocess.Popen(cp_argv, stdout=subprocess.DEVNULL, stderr=cp_log)
 
+    def endpoints() -> list[str]:
+        return mesh.dump()["destinations"]["10.96.0.20:80"]["endpoints"]
+
     (mesh.manifests / "svc.yaml").write_text(service_yaml("web"))
     cp = start_cp()
     try:
@@ -353,18 +377,172 @@ def test_known_traffic_keeps_flowing_while_the_control_plane_is_down(
         )
         mesh.wait_ready()
         assert curl(a, "http://10.96.0.20:80/") == "200"  # resolved through the control plane
+        assert endpoints() == [f"{b.ip}:{APP_PORT}"]
         cp.terminate()
         cp.wait(10)
-        time.sleep(1.0)
-        for _ in range(3):  # the last state keeps serving
+        mesh.write_pod("web-late", app="web")  # the agent enrolls it; nobody tells the client
+        outage_s = 12.0  # longer than the client's 10 s backoff cap
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < outage_s:  # the last state keeps serving
             assert curl(a, "http://10.96.0.20:80/") == "200"
-        assert curl(a, f"http://{b.ip}:{APP_PORT}/") == "200"
+            assert curl(a, f"http://{b.ip}:{APP_PORT}/") == "200"
+            time.sleep(0.5)
         assert mesh.admin("/live")[0] == 200
+        assert endpoints() == [f"{b.ip}:{APP_PORT}"]
         cp = start_cp()
-        assert curl(a, "http://10.96.0.20:80/") == "200"
+        # backoff cap (10 s) + the control plane's start-up
+        wait_for("the new endpoint", lambda: f"{late.ip}:{APP_PORT}" in endpoints(), timeout=20)
+        assert sorted(endpoints()) == sorted([f"{b.ip}:{APP_PORT}", f"{late.ip}:{APP_PORT}"])
+        for _ in range(3):
+            assert curl(a, "http://10.96.0.20:80/") == "200"
         assert mesh.stop() == 0
     finally:
         if cp.poll() is None:
             cp.terminate()
             cp.wait(10)
         cp_log.close()
+
+
+def test_unknown_ip_is_forwarded_at_once_when_its_profile_stream_fails(mesh: Mesh) -> None:
+    """GetProfile failing (here: no control plane at all) answers `exists=False` at once:
+    the worker forwards to the original destination without waiting out its 2 s."""
+    a = mesh.pod("client", server=False)
+    outsider = mesh.pod("outsider", manifest=False)  # not meshed, not a service
+    dead = free_port()
+    mesh.start(
+        "--identity-addr",
+        f"127.0.0.1:{dead}",
+        "--policy-addr",
+        f"127.0.0.1:{dead}",
+        control_plane=f"127.0.0.1:{dead}",
+    )
+    wait_for("enrolled", lambda: mesh.enrolled() == {"shop/client"})
+    target = f"{outsider.ip}:{APP_PORT}"
+    t0 = time.monotonic()
+    assert curl(a, f"http://{target}/") == "200"
+    took = time.monotonic() - t0
+    assert took < 1.5, took  # the worker waits 2 s for an answer that never comes otherwise
+    assert mesh.dump()["destinations"][target]["exists"] is False
+    assert curl(a, f"http://{target}/") == "200"
+
+
+def ss_owner_by_port(lp, port: int) -> dict[int, int]:
+    """Client port -> pid of the process holding the accepted end, for `port` in the pod."""
+    out = lp.run(["ss", "-Htnp", "state", "established", f"( sport = :{port} )"]).stdout
+    owners = {}
+    for line in out.splitlines():
+        fields = line.split()
+        peer_port = int(fields[3].rpartition(":")[2])
+        pid = line.partition("pid=")[2].partition(",")[0]
+        if pid.isdigit():
+            owners[peer_port] = int(pid)
+    return owners
+
+
+ECHO_SERVER = """
+import socket, threading
+srv = socket.create_server(("0.0.0.0", 9000))
+def serve(c):
+    while data := c.recv(65536):
+        c.sendall(data)
+    c.close()
+while True:
+    c, _ = srv.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+def test_a_killed_worker_loses_only_its_own_connections(mesh: Mesh) -> None:
+    from agent.redirect import netns  # noqa: PLC0415
+
+    a = mesh.pod("client", server=False)
+    b = mesh.pod("echo", server=False)
+    b.spawn([sys.executable, "-c", ECHO_SERVER])
+    mesh.start()
+    mesh.wait_ready()
+    workers = {w["pid"] for w in mesh.dump()["workers"]}
+    assert len(workers) == 2
+    conns: dict[int, socket.socket] = {}
+    try:
+        owners: dict[int, int] = {}
+        for _ in range(40):  # until both workers hold some
+            sock = netns.socket_in(a.netns)
+            sock.settimeout(5)
+            sock.connect((b.ip, 9000))  # captured: a's outbound listener, same-node hop
+            sock.sendall(b"hello")
+            assert sock.recv(16) == b"hello"
+            conns[sock.getsockname()[1]] = sock
+            owners = ss_owner_by_port(a, 4140)
+            if len(set(owners.values())) == 2 and len(conns) >= 6:
+                break
+        assert set(owners.values()) == workers, owners
+        victim = next(iter(workers))
+        os.kill(victim, signal.SIGKILL)
+        time.sleep(0.5)
+        for port, sock in conns.items():
+            try:
+                sock.sendall(b"again")
+                got = sock.recv(16)
+            except OSError:
+                got = b""
+            if owners[port] == victim:
+                assert got == b"", port  # reset or closed with its worker
+            else:
+                assert got == b"again", port  # the other worker's connections live on
+        wait_for("a new connection", lambda: _echo_once(a, b.ip), timeout=5)  # replacement
+    finally:
+        for sock in conns.values():
+            sock.close()
+
+
+def _echo_once(a, ip: str) -> bool:
+    from agent.redirect import netns  # noqa: PLC0415
+
+    with netns.socket_in(a.netns) as sock:
+        sock.settimeout(2)
+        sock.connect((ip, 9000))
+        sock.sendall(b"new")
+        return sock.recv(16) == b"new"
+
+
+def test_ebpf_mode_carries_http_through_the_mesh_and_leaves_no_pin(mesh: Mesh) -> None:
+    """`--redirect ebpf`: connect4 + getsockopt outbound, sk_lookup inbound, no iptables."""
+    pin_root = Path(f"/sys/fs/bpf/meshagent-test-sup-{os.getpid()}")
+    a = mesh.pod("client")
+    b = mesh.pod("web")
+    outsider = mesh.pod("outsider", manifest=False, server=False)  # not meshed
+    (mesh.manifests / "svc.yaml").write_text(service_yaml("web"))
+    try:
+        mesh.start("--redirect", "ebpf", env={"MESHAGENT_BPF_PIN_ROOT": str(pin_root)})
+        mesh.wait_ready()
+        assert mesh.enrolled() == {"shop/client", "shop/web"}
+        assert {p.name for p in (pin_root / "pods").iterdir()} == {"shop_client", "shop_web"}
+        assert {p.name for p in (pin_root / "pods" / "shop_web").iterdir()} >= {
+            "connect4",
+            "sockops",
+            "sk_lookup",
+        }
+        for lp in (a, b):
+            assert "PROXY_INIT" not in nat_rules(lp)  # inbound is sk_lookup, not the fallback
+        # The ClusterIP routes nowhere in the lab: only a worker that learnt the
+        # original destination (eBPF map via getsockopt) can resolve and answer it.
+        assert curl(a, "http://10.96.0.20:80/") == "200"
+        assert curl(a, f"http://{b.ip}:{APP_PORT}/") == "200"
+        # Inbound from an unmeshed pod: sk_lookup hands it to web's inbound
+        # listener, whose worker forwards on web's loopback (the app logs 127.0.0.1).
+        assert curl(outsider, f"http://{b.ip}:{APP_PORT}/?inbound") == "200"
+        seen = [ln for ln in mesh.servers["web"].read_text().splitlines() if "GET /?inbound" in ln]
+        assert [ln.split()[0] for ln in seen] == ["127.0.0.1"]
+        dump = mesh.dump()
+        assert dump["mode"] == "ebpf"
+        assert dump["destinations"]["10.96.0.20:80"]["endpoints"] == [f"{b.ip}:{APP_PORT}"]
+        _, metrics = mesh.admin("/metrics")
+        assert b'meshagent_enrolled_pods{mode="ebpf"} 2' in metrics
+        assert mesh.stop() == 0
+        assert not pin_root.exists()  # --cleanup-on-exit uninstalls programs, maps, links
+    finally:
+        mesh.stop(signal.SIGKILL)
+        if pin_root.exists():
+            from agent.redirect.ebpf import EbpfRedirector  # noqa: PLC0415
+
+            EbpfRedirector(pin_root=pin_root, accelerate=False).uninstall()

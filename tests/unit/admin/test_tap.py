@@ -42,3 +42,22 @@ def test_reader_limit():
         hub.subscribe()
     sub.close()
     hub.subscribe().close()
+
+
+def test_on_change_reports_the_tapped_pods_as_readers_come_and_go():
+    hub = TapHub()
+    seen: list[frozenset[str]] = []
+    hub.on_change = seen.append
+    web = hub.subscribe({"pod": "shop/web"})
+    web2 = hub.subscribe({"pod": "shop/web"})  # same set: no news
+    anything = hub.subscribe()
+    anything.close()
+    web.close()
+    web2.close()
+    web2.close()  # twice is harmless
+    assert seen == [
+        frozenset({"shop/web"}),
+        frozenset({"shop/web", "*"}),
+        frozenset({"shop/web"}),
+        frozenset(),
+    ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
+import pytest
 import yaml
 
 from agent.controlplane import manifests
@@ -44,7 +45,8 @@ def test_pod_names_carry_template_hash_and_index_and_uids_are_stable():
     a, b = _examples_plan(), _examples_plan()
     api = a.pods_of("shop", "api")
     assert [p.name.rsplit("-", 1)[1] for p in api] == ["0", "1"]
-    assert api[0].name.startswith("api-") and len(api[0].name.split("-")[1]) == 5
+    assert api[0].name.startswith("api-")
+    assert len(api[0].name.split("-")[1]) == 5
     assert [p.uid for p in a.pods] == [p.uid for p in b.pods]
     assert len({p.uid for p in a.pods}) == len(a.pods)
 
@@ -72,12 +74,8 @@ def test_pod_ips_come_from_their_node_cidr_after_the_gateway_and_are_unique():
 def test_full_node_cidr_is_a_plan_error():
     objects, _ = manifests.load_folder(EXAMPLES)
     tiny = [c.NodeSpec(name="n", pod_cidr=ipaddress.IPv4Network("10.200.1.0/29"))]
-    try:
+    with pytest.raises(c.PlanError, match="node n"):
         c.plan(objects, tiny)
-    except c.PlanError as exc:
-        assert "node n" in str(exc)
-    else:
-        raise AssertionError("expected PlanError")
 
 
 def test_services_get_distinct_cluster_ips_in_the_service_range():
