@@ -443,6 +443,24 @@ def _noun_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     vw = verbs.add_parser("view", help="drive traffic and show the live view on a running sandbox")
     vw.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
     vw.set_defaults(handler=_sandbox_view)
+    ex = verbs.add_parser(
+        "exec", help="run a command inside a pod (its netns and cgroup), like kubectl exec"
+    )
+    ex.add_argument("pod", metavar="POD", help="ns/name, name, or a unique prefix (shop/web)")
+    ex.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    ex.set_defaults(handler=_sandbox_exec)
+
+
+def _sandbox_exec(args: argparse.Namespace) -> int:
+    """Replaces this process with the command; returns only on error."""
+    import json  # noqa: PLC0415 - lazy, see module docstring
+
+    from agent.sandbox import podexec, run  # noqa: PLC0415
+
+    state = json.loads(run.STATE_FILE.read_text()) if run.STATE_FILE.exists() else {}
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    podexec.exec_in_pod(podexec.find_pod(state, args.pod), command)
+    return 0
 
 
 def _sandbox_view(args: argparse.Namespace) -> int:
