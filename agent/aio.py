@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +53,13 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         return runner.run(coro)
 
 
-async def cancel_and_wait(tasks: list[asyncio.Task[Any]], timeout: float = 5.0) -> None:
-    """Cancel `tasks` and wait up to `timeout` seconds for them to finish."""
+async def cancel_and_wait(tasks: list[asyncio.Task[Any]], grace_s: float = 5.0) -> None:
+    """Cancel `tasks` and wait up to `grace_s` seconds for them to finish.
+
+    Tasks still running after `grace_s` are left cancelled but unawaited; this
+    never raises (a task's own exception stays on the task).
+    """
     for task in tasks:
         task.cancel()
     if tasks:
-        await asyncio.wait(tasks, timeout=timeout)
+        await asyncio.wait(tasks, timeout=grace_s)

@@ -12,14 +12,16 @@ Rules:
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import SettingError
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Mapping, Sequence
 
 # Linkerd's ports (DESIGN.md conventions).
 OUTBOUND_PORT = 4140

@@ -1,6 +1,7 @@
 """meshagent.admin: the node's admin server and metrics.
 
-metrics.py    every metric family; `WorkerMetrics`, the workers' cheap recorder
+families.py   every metric family (`FAMILIES`, `register`); declarations only
+metrics.py    `WorkerMetrics`, the workers' cheap recorder, and its label building blocks
 aggregate.py  `MetricsAggregator` (supervisor merge of worker snapshots), `render`, `Exposition`
 node.py       process, node and agent-state metrics (`NodeMetrics`), event-loop lag
 controls.py   readiness gate, log-level specs, config_dump scrubbing (no I/O)

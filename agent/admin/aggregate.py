@@ -27,7 +27,7 @@ import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from agent.admin.metrics import FAMILIES, Family, Kind, Merge
+from agent.admin.families import FAMILIES, Family, Kind, Merge
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping

@@ -6,8 +6,12 @@ Rules:
    agent's admin URL (`agent.sandbox.run.status()`). Agents that do not answer
    are skipped; none answering is an `AdminUnreachable`.
 2. `tap` goes to the agent that serves the pod (found in the agents'
-   `/config_dump`); `/tap` answers local callers only (agent.admin.server
-   rule 1), so it works from the agent's own network namespace.
+   `/config_dump`); `/tap` and PUT `/proxy-log-level` answer local callers
+   only (agent.admin.server rule 1), so they work from the agent's own
+   network namespace. A sandbox agent runs in its node's netns, so
+   `connection` dials it there, on 127.0.0.1 (the sandbox binds its admin
+   server on 0.0.0.0 inside that netns), from a socket made in that netns
+   (`agent.redirect.netns.socket_in`); any other URL is dialled as given.
 3. The `select_*` functions are pure: they pick from `/config_dump` documents.
 """
 
@@ -28,11 +32,14 @@ from agent.errors import AgentError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
+    from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 LOCAL_ADMIN = f"http://127.0.0.1:{ADMIN_PORT}"
 TIMEOUT_S = 3.0
+HTTP_OK = 200
+HTTP_NO_CONTENT = 204
 DIAGNOSTICS = ("endpoints", "profile", "policy", "certs")
 
 
@@ -59,6 +66,80 @@ def admin_urls(given: Sequence[str] | None = None) -> list[str]:
     if info.get("up"):
         urls += [a["admin_url"] for a in info.get("agents", []) if a.get("admin_url")]
     return urls
+
+
+def sandbox_netns(url: str) -> Path | None:
+    """The node netns of the sandbox agent whose admin URL is `url`, if any (rule 2)."""
+    try:
+        from agent.redirect import netns  # noqa: PLC0415 - only for sandbox agents
+        from agent.sandbox import run  # noqa: PLC0415
+
+        info = run.status()
+    except Exception:  # noqa: BLE001 - no sandbox is the common case
+        return None
+    netns_of = {n["name"]: n["netns"] for n in info.get("nodes", [])}
+    want = _host_port(url)
+    for agent in info.get("agents", []):
+        if agent.get("admin_url") and _host_port(agent["admin_url"]) == want:
+            name = netns_of.get(agent.get("node", ""))
+            return netns.named_path(name) if name else None
+    return None
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+    return (parts.hostname or "127.0.0.1", parts.port or ADMIN_PORT)
+
+
+class _NetnsConnection(http.client.HTTPConnection):
+    """HTTP to 127.0.0.1:`port` inside the namespace at `ns_path`."""
+
+    def __init__(self, ns_path: Path, port: int, timeout: float | None) -> None:
+        super().__init__("127.0.0.1", port, timeout=timeout)
+        self.ns_path = ns_path
+
+    def connect(self) -> None:
+        from agent.redirect import netns  # noqa: PLC0415 - only for sandbox agents
+
+        sock = netns.socket_in(self.ns_path)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect((self.host, self.port))
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def connection(url: str, timeout: float | None = None) -> http.client.HTTPConnection:
+    """An HTTP connection (not yet open) to the admin server at `url`; for a sandbox
+    agent, from inside its node's netns to its loopback, so local-only endpoints
+    answer (rule 2). Connecting may raise OSError or `agent.redirect.netns.NetnsError`."""
+    host, port = _host_port(url)
+    ns_path = sandbox_netns(url)
+    if ns_path is not None:
+        return _NetnsConnection(ns_path, port, timeout)
+    return http.client.HTTPConnection(host, port, timeout=timeout)
+
+
+def put_log_level(url: str, level: str) -> str:
+    """PUT `/proxy-log-level` at the agent at `url` (local only: see `connection`);
+    returns the agent's answer (empty on 204).
+
+    Raises:
+        AgentError: the agent refused the level.
+        OSError: the agent did not answer.
+    """
+    conn = connection(url, timeout=TIMEOUT_S)
+    try:
+        conn.request("PUT", "/proxy-log-level", body=level.encode())
+        resp = conn.getresponse()
+        text = resp.read().decode(errors="replace").strip()
+        if resp.status not in (HTTP_OK, HTTP_NO_CONTENT):
+            raise AgentError(f"log level at {url} refused ({resp.status}): {text}")
+        return text
+    finally:
+        conn.close()
 
 
 def _get(url: str, timeout: float = TIMEOUT_S) -> bytes:
@@ -163,12 +244,11 @@ def tap(
     url = agent_of(pod, config_dumps(urls)) if len(urls) > 1 else urls[0]
     if url is None:
         raise AdminUnreachable(urls, f"no agent serves pod {pod}")
-    parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or ADMIN_PORT)
+    conn = connection(url)
     try:
         conn.request("GET", "/tap?" + urllib.parse.urlencode({"pod": pod}))
         resp = conn.getresponse()
-        if resp.status != 200:
+        if resp.status != HTTP_OK:
             reason = resp.read().decode(errors="replace").strip()
             raise AgentError(f"tap at {url} refused ({resp.status}): {reason}")
         sent = 0

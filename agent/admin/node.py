@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-from agent.admin.metrics import FAMILIES, Family, Kind, register
+from agent.admin.families import FAMILIES, Family, Kind, register
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

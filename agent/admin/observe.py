@@ -41,8 +41,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from agent import aio
+from agent.admin.families import OWNER_KINDS
 from agent.admin.metrics import (
-    OWNER_KINDS,
     Counter,
     HttpSeries,
     PodMeta,

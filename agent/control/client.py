@@ -48,7 +48,7 @@ from agent._proto import (
     inbound_pb2,
     inbound_pb2_grpc,
 )
-from agent.control import convert
+from agent.control import convert, convert_policy
 from agent.control.cache import DestinationKey, Key, PolicyKey, ProfileKey, StateCache
 from agent.errors import AgentError, InvalidResource
 from agent.identity.manager import Certificate
@@ -315,7 +315,7 @@ class ControlPlaneClient:
             name = f"{key.ns}/{key.pod}:{key.port}"
             policy: ServerPolicy
             try:
-                policy = convert.server_policy(msg, name=name)
+                policy = convert_policy.server_policy(msg, name=name)
             except InvalidResource as exc:
                 self._rejected(stream, exc, "policy rejected; denying all on this port")
                 policy = ServerPolicy.invalid()

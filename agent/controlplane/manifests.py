@@ -7,7 +7,9 @@ locating each rejected document by file, document index, kind/name and field.
 Rules:
 1. A bad document rejects only itself. A file is split at its `---` markers
    before parsing, so even broken YAML costs only the document it is in.
-2. pydantic lives only in this module; nothing it builds is returned.
+2. pydantic lives only here and in `manifests_schema` (the document shapes);
+   nothing it builds is returned: each kind's converter below turns a
+   validated model into a `resources` dataclass.
 3. Document indexes are 0-based and count every document, empty ones too,
    as `yaml.safe_load_all` would. `kind: List` items keep their List's index
    and carry `items[i].` in front of their field.
@@ -18,25 +20,15 @@ Rules:
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-from pydantic.alias_generators import to_camel
+from pydantic import ValidationError
 
+from agent.controlplane import manifests_schema as schema
 from agent.controlplane import resources as r
 from agent.errors import ManifestError
 
@@ -57,149 +49,10 @@ class _Invalid(Exception):  # noqa: N818 - internal signal, becomes ManifestErro
         self.reason = reason
 
 
-# --- value validators (raise ValueError; pydantic locates them) ----------------
+# --- shared conversions -------------------------------------------------------------------
 
 
-def _ip(value: str) -> str:
-    if value:
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not an IP address") from None
-    return value
-
-
-def _port_value(value: Any) -> int | str:
-    if not isinstance(value, int | str):
-        raise ValueError("expected a port number or name")  # noqa: TRY004 - pydantic wants ValueError
-    return r.int_or_name(value)
-
-
-def _duration(value: Any) -> float:
-    if not isinstance(value, str):
-        raise ValueError("expected a duration such as 300ms or 10s")  # noqa: TRY004 - as above
-    return r.parse_duration(value)
-
-
-def _cidr(value: Any) -> r.IPNetwork:
-    if not isinstance(value, str):
-        raise ValueError("expected a CIDR string")  # noqa: TRY004 - as above
-    return r.parse_network(value)
-
-
-def _port_list(value: str) -> str:
-    r.parse_port_list(value)
-    return value
-
-
-def _regex(value: str) -> str:
-    try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"invalid regular expression: {exc}") from None
-    return value
-
-
-IP = Annotated[str, AfterValidator(_ip)]
-PortValue = Annotated[Any, AfterValidator(_port_value)]
-Port = Annotated[int, AfterValidator(r.check_port)]
-Duration = Annotated[Any, AfterValidator(_duration)]
-Cidr = Annotated[Any, AfterValidator(_cidr)]
-Regex = Annotated[str, AfterValidator(_regex)]
-Protocol = Literal["TCP", "UDP", "SCTP"]
-
-
-def _drop_nulls(value: Any) -> Any:
-    """YAML `key:` with nothing after it means unset, as Kubernetes reads it."""
-    if isinstance(value, dict):
-        return {k: v for k, v in value.items() if v is not None}
-    return value
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nulls(cls, data: Any) -> Any:
-        return _drop_nulls(data)
-
-
-# --- shared models ----------------------------------------------------------------
-
-
-class _Meta(_Model):
-    name: str = Field(min_length=1)
-    namespace: str = ""
-    uid: str = ""
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-
-    @field_validator("annotations")
-    @classmethod
-    def _known_annotations(cls, value: dict[str, str]) -> dict[str, str]:
-        if (ports := value.get(r.OPAQUE_PORTS_ANNOTATION)) is not None:
-            try:
-                r.parse_port_list(ports)
-            except ValueError as exc:
-                raise ValueError(f"{r.OPAQUE_PORTS_ANNOTATION}: {exc}") from None
-        policy = value.get(r.DEFAULT_INBOUND_POLICY_ANNOTATION)
-        if policy is not None and policy not in {p.value for p in r.AccessPolicy}:
-            raise ValueError(f"{r.DEFAULT_INBOUND_POLICY_ANNOTATION}: unknown policy {policy!r}")
-        return value
-
-
-class _Requirement(_Model):
-    key: str
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = []
-
-    @model_validator(mode="after")
-    def _values_fit(self) -> _Requirement:
-        if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"operator {self.operator} needs values")
-        if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"operator {self.operator} takes no values")
-        return self
-
-
-class _Selector(_Model):
-    match_labels: dict[str, str] = {}
-    match_expressions: list[_Requirement] = []
-
-
-class _Ref(_Model):
-    kind: str = Field(min_length=1)
-    name: str = ""
-    namespace: str = ""
-    group: str = ""
-
-
-class _ContainerPort(_Model):
-    container_port: Port
-    name: str = ""
-    protocol: Protocol = "TCP"
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return r.check_port_name(value) if value else value
-
-
-class _Container(_Model):
-    name: str
-    image: str = ""
-    ports: list[_ContainerPort] = []
-
-
-class _Network(_Model):
-    cidr: Cidr
-    except_: list[Cidr] = Field([], alias="except")
-
-
-def _selector(model: _Selector) -> r.LabelSelector:
+def _selector(model: schema.Selector) -> r.LabelSelector:
     return r.LabelSelector(
         match_labels=r.FrozenMap(model.match_labels),
         match_expressions=tuple(
@@ -211,13 +64,13 @@ def _selector(model: _Selector) -> r.LabelSelector:
     )
 
 
-def _ref(model: _Ref) -> r.ObjectRef:
+def _ref(model: schema.Ref) -> r.ObjectRef:
     return r.ObjectRef(
         kind=model.kind, name=model.name, namespace=model.namespace, group=model.group
     )
 
 
-def _containers(models: list[_Container]) -> tuple[r.Container, ...]:
+def _containers(models: list[schema.Container]) -> tuple[r.Container, ...]:
     return tuple(
         r.Container(
             name=c.name,
@@ -231,50 +84,14 @@ def _containers(models: list[_Container]) -> tuple[r.Container, ...]:
     )
 
 
-def _networks(models: list[_Network]) -> tuple[r.Network, ...]:
+def _networks(models: list[schema.Network]) -> tuple[r.Network, ...]:
     return tuple(r.Network(cidr=n.cidr, except_=tuple(n.except_)) for n in models)
 
 
-# --- core kinds ---------------------------------------------------------------------
+# --- core kinds ---------------------------------------------------------------------------
 
 
-class _Doc(_Model):
-    metadata: _Meta
-
-
-class _PodSpec(_Model):
-    service_account_name: str = ""
-    service_account: str = ""  # deprecated alias Kubernetes still reads
-    node_name: str = ""
-    hostname: str = ""
-    subdomain: str = ""
-    host_network: bool = False
-    containers: list[_Container] = Field(min_length=1)
-
-
-class _Condition(_Model):
-    type: str
-    status: str
-
-
-class _PodIP(_Model):
-    ip: IP
-
-
-class _PodStatus(_Model):
-    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"] = "Pending"
-    pod_ip: IP = Field("", alias="podIP")
-    pod_ips: list[_PodIP] = Field([], alias="podIPs")
-    host_ip: IP = Field("", alias="hostIP")
-    conditions: list[_Condition] = []
-
-
-class _PodDoc(_Doc):
-    spec: _PodSpec
-    status: _PodStatus = _PodStatus()
-
-
-def _pod(doc: _PodDoc, base: dict[str, Any]) -> r.Pod:
+def _pod(doc: schema.PodDoc, base: dict[str, Any]) -> r.Pod:
     st = doc.status
     ready = any(c.type == "Ready" and c.status == "True" for c in st.conditions)
     ips = tuple(p.ip for p in st.pod_ips) or ((st.pod_ip,) if st.pod_ip else ())
@@ -296,27 +113,7 @@ def _pod(doc: _PodDoc, base: dict[str, Any]) -> r.Pod:
     )
 
 
-class _TemplateMeta(_Model):
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-
-
-class _Template(_Model):
-    metadata: _TemplateMeta = _TemplateMeta()
-    spec: _PodSpec
-
-
-class _DeploymentSpec(_Model):
-    replicas: int = Field(1, ge=0)
-    selector: _Selector
-    template: _Template
-
-
-class _DeploymentDoc(_Doc):
-    spec: _DeploymentSpec
-
-
-def _deployment(doc: _DeploymentDoc, base: dict[str, Any]) -> r.Deployment:
+def _deployment(doc: schema.DeploymentDoc, base: dict[str, Any]) -> r.Deployment:
     spec = doc.spec
     selector = _selector(spec.selector)
     labels = r.FrozenMap(spec.template.metadata.labels)
@@ -338,35 +135,7 @@ def _deployment(doc: _DeploymentDoc, base: dict[str, Any]) -> r.Deployment:
     )
 
 
-class _ServicePort(_Model):
-    port: Port
-    target_port: PortValue | None = None
-    name: str = ""
-    protocol: Protocol = "TCP"
-    node_port: Port | None = None
-    app_protocol: str = ""
-
-
-class _ServiceSpec(_Model):
-    type: Literal["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"] = "ClusterIP"
-    cluster_ip: str = Field("", alias="clusterIP")
-    cluster_ips: list[IP] = Field([], alias="clusterIPs")
-    selector: dict[str, str] = {}
-    ports: list[_ServicePort] = []
-    external_name: str = ""
-    publish_not_ready_addresses: bool = False
-
-    @field_validator("cluster_ip")
-    @classmethod
-    def _cluster_ip(cls, value: str) -> str:
-        return value if value == "None" else _ip(value)
-
-
-class _ServiceDoc(_Doc):
-    spec: _ServiceSpec = _ServiceSpec()
-
-
-def _service(doc: _ServiceDoc, base: dict[str, Any]) -> r.Service:
+def _service(doc: schema.ServiceDoc, base: dict[str, Any]) -> r.Service:
     spec = doc.spec
     stype = r.ServiceType(spec.type)
     if stype is r.ServiceType.EXTERNAL_NAME and not spec.external_name:
@@ -407,37 +176,14 @@ def _service(doc: _ServiceDoc, base: dict[str, Any]) -> r.Service:
     )
 
 
-class _EndpointsAddress(_Model):
-    ip: IP = Field(min_length=1)
-    hostname: str = ""
-    node_name: str = ""
-    target_ref: _Ref | None = None
-
-
-class _EndpointsPort(_Model):
-    port: Port
-    name: str = ""
-    protocol: Protocol = "TCP"
-
-
-class _Subset(_Model):
-    addresses: list[_EndpointsAddress] = []
-    not_ready_addresses: list[_EndpointsAddress] = []
-    ports: list[_EndpointsPort] = []
-
-
-class _EndpointsDoc(_Doc):
-    subsets: list[_Subset] = []
-
-
-def _address(model: _EndpointsAddress) -> r.EndpointsAddress:
+def _address(model: schema.EndpointsAddress) -> r.EndpointsAddress:
     ref = _ref(model.target_ref) if model.target_ref else None
     return r.EndpointsAddress(
         ip=model.ip, hostname=model.hostname, node_name=model.node_name, target_ref=ref
     )
 
 
-def _endpoints(doc: _EndpointsDoc, base: dict[str, Any]) -> r.Endpoints:
+def _endpoints(doc: schema.EndpointsDoc, base: dict[str, Any]) -> r.Endpoints:
     return r.Endpoints(
         **base,
         subsets=tuple(
@@ -453,42 +199,7 @@ def _endpoints(doc: _EndpointsDoc, base: dict[str, Any]) -> r.Endpoints:
     )
 
 
-class _SliceConditions(_Model):
-    ready: bool = True
-    serving: bool = True
-    terminating: bool = False
-
-
-class _SliceEndpoint(_Model):
-    addresses: list[str] = Field(min_length=1)
-    conditions: _SliceConditions = _SliceConditions()
-    hostname: str = ""
-    node_name: str = ""
-    zone: str = ""
-    target_ref: _Ref | None = None
-
-
-class _SlicePort(_Model):
-    port: Port | None = None
-    name: str = ""
-    protocol: Protocol = "TCP"
-
-
-class _SliceDoc(_Doc):
-    address_type: Literal["IPv4", "IPv6", "FQDN"]
-    endpoints: list[_SliceEndpoint] = []
-    ports: list[_SlicePort] = []
-
-    @model_validator(mode="after")
-    def _addresses_fit(self) -> _SliceDoc:
-        if self.address_type != "FQDN":
-            for ep in self.endpoints:
-                for addr in ep.addresses:
-                    _ip(addr)
-        return self
-
-
-def _slice(doc: _SliceDoc, base: dict[str, Any]) -> r.EndpointSlice:
+def _slice(doc: schema.SliceDoc, base: dict[str, Any]) -> r.EndpointSlice:
     return r.EndpointSlice(
         **base,
         service_name=doc.metadata.labels.get(r.SERVICE_NAME_LABEL, ""),
@@ -512,99 +223,16 @@ def _slice(doc: _SliceDoc, base: dict[str, Any]) -> r.EndpointSlice:
     )
 
 
-def _plain(_doc: _Doc, base: dict[str, Any], cls: type[r.Namespace | r.ServiceAccount]) -> Any:
+def _plain(
+    _doc: schema.Doc, base: dict[str, Any], cls: type[r.Namespace | r.ServiceAccount]
+) -> Any:
     return cls(**base)
 
 
-# --- ServiceProfile ---------------------------------------------------------------
+# --- ServiceProfile -----------------------------------------------------------------------
 
 
-def _one_or_any(value: Any) -> Any:
-    """The CRD types request `not` as a list; Linkerd's Go type is one match."""
-    if isinstance(value, list):
-        return value[0] if len(value) == 1 else {"any": value}
-    return value
-
-
-_METHODS = Literal["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]
-
-
-class _RequestMatch(_Model):
-    all: list[_RequestMatch] = []
-    any: list[_RequestMatch] = []
-    not_: Annotated[_RequestMatch | None, BeforeValidator(_one_or_any)] = Field(None, alias="not")
-    method: _METHODS | None = None
-    path_regex: Regex = ""
-
-    @model_validator(mode="after")
-    def _not_empty(self) -> _RequestMatch:
-        if not (self.all or self.any or self.not_ or self.method or self.path_regex):
-            raise ValueError("a request match needs one of all, any, not, method, pathRegex")
-        return self
-
-
-class _Range(_Model):
-    min: int | None = Field(None, ge=100, le=599)
-    max: int | None = Field(None, ge=100, le=599)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> _Range:
-        if self.min is None and self.max is None:
-            raise ValueError("a status range needs min and/or max")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError("status range min is greater than max")
-        return self
-
-
-class _ResponseMatch(_Model):
-    all: list[_ResponseMatch] = []
-    any: list[_ResponseMatch] = []
-    not_: _ResponseMatch | None = Field(None, alias="not")
-    status: _Range | None = None
-
-    @model_validator(mode="after")
-    def _not_empty(self) -> _ResponseMatch:
-        if not (self.all or self.any or self.not_ or self.status):
-            raise ValueError("a response match needs one of all, any, not, status")
-        return self
-
-
-class _ResponseClass(_Model):
-    condition: _ResponseMatch
-    is_failure: bool = False
-
-
-class _Route(_Model):
-    name: str = Field(min_length=1)
-    condition: _RequestMatch
-    response_classes: list[_ResponseClass] = []
-    is_retryable: bool = False
-    timeout: Duration | None = None
-
-
-class _RetryBudget(_Model):
-    retry_ratio: float = Field(ge=0)
-    min_retries_per_second: int = Field(ge=0)
-    ttl: Duration
-
-
-class _WeightedDst(_Model):
-    authority: str = Field(min_length=1)
-    weight: Annotated[Any, AfterValidator(r.parse_quantity)]
-
-
-class _ProfileSpec(_Model):
-    routes: list[_Route] = []
-    retry_budget: _RetryBudget | None = None
-    opaque_ports: list[Annotated[str, AfterValidator(_port_list)]] = []
-    dst_overrides: list[_WeightedDst] = []
-
-
-class _ProfileDoc(_Doc):
-    spec: _ProfileSpec = _ProfileSpec()
-
-
-def _request_match(m: _RequestMatch) -> r.RequestMatch:
+def _request_match(m: schema.RequestMatch) -> r.RequestMatch:
     return r.RequestMatch(
         all=tuple(_request_match(x) for x in m.all),
         any=tuple(_request_match(x) for x in m.any),
@@ -614,7 +242,7 @@ def _request_match(m: _RequestMatch) -> r.RequestMatch:
     )
 
 
-def _response_match(m: _ResponseMatch) -> r.ResponseMatch:
+def _response_match(m: schema.ResponseMatch) -> r.ResponseMatch:
     status = r.StatusRange(min=m.status.min, max=m.status.max) if m.status else None
     return r.ResponseMatch(
         all=tuple(_response_match(x) for x in m.all),
@@ -624,7 +252,7 @@ def _response_match(m: _ResponseMatch) -> r.ResponseMatch:
     )
 
 
-def _profile(doc: _ProfileDoc, base: dict[str, Any]) -> r.ServiceProfile:
+def _profile(doc: schema.ProfileDoc, base: dict[str, Any]) -> r.ServiceProfile:
     spec = doc.spec
     budget = spec.retry_budget
     return r.ServiceProfile(
@@ -656,39 +284,10 @@ def _profile(doc: _ProfileDoc, base: dict[str, Any]) -> r.ServiceProfile:
     )
 
 
-# --- policy.linkerd.io ---------------------------------------------------------------
-
-_IDENTITY = re.compile(r"^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?)(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# --- policy.linkerd.io --------------------------------------------------------------------
 
 
-def _identity(value: str) -> str:
-    if not _IDENTITY.match(value):
-        raise ValueError(f"{value!r} is not an identity (DNS name, optionally starting with *)")
-    return value
-
-
-Identity = Annotated[str, AfterValidator(_identity)]
-
-
-class _ServerSpec(_Model):
-    pod_selector: _Selector | None = None
-    port: PortValue
-    proxy_protocol: Literal["unknown", "HTTP/1", "HTTP/2", "gRPC", "opaque", "TLS"] = "unknown"
-    access_policy: Literal[
-        "all-unauthenticated",
-        "all-authenticated",
-        "cluster-unauthenticated",
-        "cluster-authenticated",
-        "deny",
-        "audit",
-    ] = "deny"
-
-
-class _ServerDoc(_Doc):
-    spec: _ServerSpec
-
-
-def _server(doc: _ServerDoc, base: dict[str, Any]) -> r.Server:
+def _server(doc: schema.ServerDoc, base: dict[str, Any]) -> r.Server:
     if doc.spec.pod_selector is None:
         raise _Invalid("spec.podSelector", "required (externalWorkloadSelector is not supported)")
     return r.Server(
@@ -700,44 +299,7 @@ def _server(doc: _ServerDoc, base: dict[str, Any]) -> r.Server:
     )
 
 
-class _SARef(_Model):
-    name: str = Field(min_length=1)
-    namespace: str = ""
-
-
-class _MeshTLS(_Model):
-    unauthenticated_tls: bool = Field(default=False, alias="unauthenticatedTLS")
-    identities: list[Identity] = []
-    service_accounts: list[_SARef] = []
-
-
-class _Client(_Model):
-    networks: list[_Network] = []
-    unauthenticated: bool = False
-    mesh_tls: _MeshTLS | None = Field(None, alias="meshTLS")
-
-
-class _ServerTarget(_Model):
-    name: str = ""
-    selector: _Selector | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> _ServerTarget:
-        if bool(self.name) == (self.selector is not None):
-            raise ValueError("exactly one of name and selector is required")
-        return self
-
-
-class _SazSpec(_Model):
-    server: _ServerTarget
-    client: _Client
-
-
-class _SazDoc(_Doc):
-    spec: _SazSpec
-
-
-def _saz(doc: _SazDoc, base: dict[str, Any]) -> r.ServerAuthorization:
+def _saz(doc: schema.SazDoc, base: dict[str, Any]) -> r.ServerAuthorization:
     client = doc.spec.client
     if not client.unauthenticated and client.mesh_tls is None:
         raise _Invalid("spec.client", "meshTLS is required unless unauthenticated is true")
@@ -765,16 +327,7 @@ _TARGET_KINDS = {"Server", "HTTPRoute", "GRPCRoute", "Namespace"}
 _AUTHN_KINDS = {"MeshTLSAuthentication", "NetworkAuthentication", "ServiceAccount"}
 
 
-class _AuthzSpec(_Model):
-    target_ref: _Ref
-    required_authentication_refs: list[_Ref]
-
-
-class _AuthzDoc(_Doc):
-    spec: _AuthzSpec
-
-
-def _authz(doc: _AuthzDoc, base: dict[str, Any]) -> r.AuthorizationPolicy:
+def _authz(doc: schema.AuthzDoc, base: dict[str, Any]) -> r.AuthorizationPolicy:
     target = doc.spec.target_ref
     if target.kind not in _TARGET_KINDS:
         raise _Invalid("spec.targetRef.kind", f"unsupported target kind {target.kind!r}")
@@ -792,16 +345,7 @@ def _authz(doc: _AuthzDoc, base: dict[str, Any]) -> r.AuthorizationPolicy:
     )
 
 
-class _MeshTLSAuthSpec(_Model):
-    identities: list[Identity] = []
-    identity_refs: list[_Ref] = []
-
-
-class _MeshTLSAuthDoc(_Doc):
-    spec: _MeshTLSAuthSpec
-
-
-def _meshtls_authn(doc: _MeshTLSAuthDoc, base: dict[str, Any]) -> r.MeshTLSAuthentication:
+def _meshtls_authn(doc: schema.MeshTLSAuthDoc, base: dict[str, Any]) -> r.MeshTLSAuthentication:
     spec = doc.spec
     if bool(spec.identities) == bool(spec.identity_refs):
         raise _Invalid("spec", "exactly one of identities and identityRefs is required")
@@ -815,105 +359,20 @@ def _meshtls_authn(doc: _MeshTLSAuthDoc, base: dict[str, Any]) -> r.MeshTLSAuthe
     )
 
 
-class _NetworkAuthSpec(_Model):
-    networks: list[_Network] = Field(min_length=1)
-
-
-class _NetworkAuthDoc(_Doc):
-    spec: _NetworkAuthSpec
-
-
-def _network_authn(doc: _NetworkAuthDoc, base: dict[str, Any]) -> r.NetworkAuthentication:
+def _network_authn(doc: schema.NetworkAuthDoc, base: dict[str, Any]) -> r.NetworkAuthentication:
     return r.NetworkAuthentication(**base, networks=_networks(doc.spec.networks))
 
 
-# --- HTTPRoute -------------------------------------------------------------------------
+# --- HTTPRoute ----------------------------------------------------------------------------
 
 
-class _PathMatch(_Model):
-    type: Literal["Exact", "PathPrefix", "RegularExpression"] = "PathPrefix"
-    value: str = "/"
-
-    @model_validator(mode="after")
-    def _value_fits(self) -> _PathMatch:
-        if self.type == "RegularExpression":
-            _regex(self.value)
-        elif not self.value.startswith("/"):
-            raise ValueError(f"{self.type} path must start with '/'")
-        return self
-
-
-class _ValueMatch(_Model):
-    name: str = Field(min_length=1)
-    value: str
-    type: Literal["Exact", "RegularExpression"] = "Exact"
-
-    @model_validator(mode="after")
-    def _value_fits(self) -> _ValueMatch:
-        if self.type == "RegularExpression":
-            _regex(self.value)
-        return self
-
-
-class _RouteMatch(_Model):
-    path: _PathMatch | None = None
-    headers: list[_ValueMatch] = []
-    query_params: list[_ValueMatch] = []
-    method: _METHODS | None = None
-
-
-class _BackendRef(_Model):
-    name: str = Field(min_length=1)
-    namespace: str = ""
-    port: Port | None = None
-    weight: int = Field(1, ge=0)
-    kind: str = "Service"
-    group: str = ""
-
-
-class _Filter(_Model):
-    type: str
-
-
-class _Timeouts(_Model):
-    request: Duration | None = None
-    backend_request: Duration | None = None
-
-
-class _RouteRule(_Model):
-    matches: list[_RouteMatch] = []
-    backend_refs: list[_BackendRef] = []
-    filters: list[_Filter] = []
-    timeouts: _Timeouts = _Timeouts()
-
-
-class _ParentRef(_Model):
-    name: str = Field(min_length=1)
-    kind: str = "Gateway"
-    group: str | None = None
-    namespace: str = ""
-    port: Port | None = None
-    section_name: str = ""
-
-
-class _HTTPRouteSpec(_Model):
-    parent_refs: list[_ParentRef] = []
-    hostnames: list[str] = []
-    rules: list[_RouteRule] = []
-
-
-class _HTTPRouteDoc(_Doc):
-    api_version: str
-    spec: _HTTPRouteSpec = _HTTPRouteSpec()
-
-
-def _route_match(m: _RouteMatch) -> r.RouteMatch:
-    def values(items: list[_ValueMatch]) -> tuple[r.ValueMatch, ...]:
+def _route_match(m: schema.RouteMatch) -> r.RouteMatch:
+    def values(items: list[schema.ValueMatch]) -> tuple[r.ValueMatch, ...]:
         return tuple(
             r.ValueMatch(name=v.name, value=v.value, type=r.ValueMatchType(v.type)) for v in items
         )
 
-    path = m.path or _PathMatch()
+    path = m.path or schema.PathMatch()
     return r.RouteMatch(
         path=r.PathMatch(type=r.PathMatchType(path.type), value=path.value),
         headers=values(m.headers),
@@ -922,7 +381,7 @@ def _route_match(m: _RouteMatch) -> r.RouteMatch:
     )
 
 
-def _rule(rule: _RouteRule) -> r.RouteRule:
+def _rule(rule: schema.RouteRule) -> r.RouteRule:
     return r.RouteRule(
         matches=tuple(_route_match(m) for m in rule.matches) or (r.RouteMatch(),),
         backend_refs=tuple(
@@ -942,7 +401,7 @@ def _rule(rule: _RouteRule) -> r.RouteRule:
     )
 
 
-def _http_route(doc: _HTTPRouteDoc, base: dict[str, Any]) -> r.HTTPRoute:
+def _http_route(doc: schema.HTTPRouteDoc, base: dict[str, Any]) -> r.HTTPRoute:
     group = doc.api_version.partition("/")[0]
     return r.HTTPRoute(
         **base,
@@ -968,7 +427,7 @@ def _http_route(doc: _HTTPRouteDoc, base: dict[str, Any]) -> r.HTTPRoute:
 
 @dataclass(frozen=True, slots=True)
 class _Kind:
-    model: type[_Doc]
+    model: type[schema.Doc]
     convert: Callable[[Any, dict[str, Any]], r.Resource]
     versions: frozenset[str]  # accepted apiVersion values
     namespaced: bool = True
@@ -978,34 +437,36 @@ _POLICY = "policy.linkerd.io/"
 _GATEWAY = "gateway.networking.k8s.io/"
 _KINDS: dict[str, _Kind] = {
     "Namespace": _Kind(
-        _Doc, lambda d, b: _plain(d, b, r.Namespace), frozenset({"v1"}), namespaced=False
+        schema.Doc, lambda d, b: _plain(d, b, r.Namespace), frozenset({"v1"}), namespaced=False
     ),
-    "ServiceAccount": _Kind(_Doc, lambda d, b: _plain(d, b, r.ServiceAccount), frozenset({"v1"})),
-    "Pod": _Kind(_PodDoc, _pod, frozenset({"v1"})),
-    "Service": _Kind(_ServiceDoc, _service, frozenset({"v1"})),
-    "Endpoints": _Kind(_EndpointsDoc, _endpoints, frozenset({"v1"})),
-    "EndpointSlice": _Kind(_SliceDoc, _slice, frozenset({"discovery.k8s.io/v1"})),
-    "Deployment": _Kind(_DeploymentDoc, _deployment, frozenset({"apps/v1"})),
+    "ServiceAccount": _Kind(
+        schema.Doc, lambda d, b: _plain(d, b, r.ServiceAccount), frozenset({"v1"})
+    ),
+    "Pod": _Kind(schema.PodDoc, _pod, frozenset({"v1"})),
+    "Service": _Kind(schema.ServiceDoc, _service, frozenset({"v1"})),
+    "Endpoints": _Kind(schema.EndpointsDoc, _endpoints, frozenset({"v1"})),
+    "EndpointSlice": _Kind(schema.SliceDoc, _slice, frozenset({"discovery.k8s.io/v1"})),
+    "Deployment": _Kind(schema.DeploymentDoc, _deployment, frozenset({"apps/v1"})),
     "ServiceProfile": _Kind(
-        _ProfileDoc, _profile, frozenset({"linkerd.io/v1alpha2", "linkerd.io/v1alpha1"})
+        schema.ProfileDoc, _profile, frozenset({"linkerd.io/v1alpha2", "linkerd.io/v1alpha1"})
     ),
     "Server": _Kind(
-        _ServerDoc,
+        schema.ServerDoc,
         _server,
         frozenset(_POLICY + v for v in ("v1beta3", "v1beta2", "v1beta1", "v1alpha1")),
     ),
     "ServerAuthorization": _Kind(
-        _SazDoc, _saz, frozenset(_POLICY + v for v in ("v1beta1", "v1alpha1"))
+        schema.SazDoc, _saz, frozenset(_POLICY + v for v in ("v1beta1", "v1alpha1"))
     ),
-    "AuthorizationPolicy": _Kind(_AuthzDoc, _authz, frozenset({_POLICY + "v1alpha1"})),
+    "AuthorizationPolicy": _Kind(schema.AuthzDoc, _authz, frozenset({_POLICY + "v1alpha1"})),
     "MeshTLSAuthentication": _Kind(
-        _MeshTLSAuthDoc, _meshtls_authn, frozenset({_POLICY + "v1alpha1"})
+        schema.MeshTLSAuthDoc, _meshtls_authn, frozenset({_POLICY + "v1alpha1"})
     ),
     "NetworkAuthentication": _Kind(
-        _NetworkAuthDoc, _network_authn, frozenset({_POLICY + "v1alpha1"})
+        schema.NetworkAuthDoc, _network_authn, frozenset({_POLICY + "v1alpha1"})
     ),
     "HTTPRoute": _Kind(
-        _HTTPRouteDoc,
+        schema.HTTPRouteDoc,
         _http_route,
         frozenset(
             [_POLICY + v for v in ("v1beta3", "v1beta2", "v1beta1", "v1alpha1")]
@@ -1095,7 +556,7 @@ def _parse_list(doc: dict[str, Any], file: str, index: int, prefix: str) -> Load
     return objects, errors
 
 
-def _base(meta: _Meta, spec: _Kind, file: str, index: int) -> dict[str, Any]:
+def _base(meta: schema.Meta, spec: _Kind, file: str, index: int) -> dict[str, Any]:
     return {
         "name": meta.name,
         "namespace": (meta.namespace or "default") if spec.namespaced else "",

@@ -43,8 +43,9 @@ from google.protobuf import duration_pb2
 
 from agent._proto import grpc_route_pb2, http_route_pb2, inbound_pb2, meta_pb2, net_pb2
 from agent.controlplane import resources as r
-from agent.controlplane.destination import http_method, ip_address
+from agent.controlplane.destination import ip_address
 from agent.controlplane.endpoints import opaque_ports
+from agent.controlplane.profiles import http_method
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

@@ -29,6 +29,7 @@ import grpc
 from agent._proto import destination_pb2, destination_pb2_grpc, inbound_pb2, inbound_pb2_grpc
 from agent.controlplane import destination as dst
 from agent.controlplane import policy as pol
+from agent.controlplane import profiles
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -135,11 +136,11 @@ class DestinationService(destination_pb2_grpc.DestinationServicer):
         """Stream the profile of a path (destination.py rules 3 and 4)."""
         token = dst.ContextToken.parse(request.context_token)
         try:
-            lookup = dst.profile_lookup(dst.Target.parse(request.path), self._mesh)
+            lookup = profiles.profile_lookup(dst.Target.parse(request.path), self._mesh)
         except dst.InvalidTarget as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
-        first = dst.profile(self._store.snapshot(), lookup, token, self._mesh)
+        first = profiles.profile(self._store.snapshot(), lookup, token, self._mesh)
         if first is None and lookup.service is not None:
             name = lookup.service
             await context.abort(
@@ -151,7 +152,7 @@ class DestinationService(destination_pb2_grpc.DestinationServicer):
         sent: destination_pb2.DestinationProfile | None = None
         try:
             async for snap in self._streams.snapshots():
-                prof = dst.profile(snap, lookup, token, self._mesh)
+                prof = profiles.profile(snap, lookup, token, self._mesh)
                 if prof is None or prof == sent:
                     continue  # a deleted Service keeps its last profile until it returns
                 sent = prof

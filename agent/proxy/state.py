@@ -14,7 +14,8 @@ Keys:
     ("pod", "ns/name")            -> PodInfo           every enrolled pod on this node
     ("pod-ip", ip)                -> "ns/name"         pods on this node by IP (same-node path)
     ("dst", "ip:port")            -> Destination       outbound target by original destination
-    ("dst", "name.ns.svc...:port")-> Destination       outbound target by authority (l5d-dst-override)
+    ("dst", "name.ns.svc...:port")-> Destination       outbound target by authority
+                                                       (l5d-dst-override)
     ("policy", "ns/name", port)   -> ServerPolicy      inbound policy of a pod port (WatchPort)
     ("tls", identity)             -> TlsMaterial       certificate + key of one service account
     ("trust",)                    -> bytes             trust bundle PEM (anchors)
@@ -29,10 +30,12 @@ inbound port uses until its `("policy", ...)` value arrives (Linkerd's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from agent.policy.model import DEFAULT_CLUSTER_NETWORKS
-from agent.proxy.model import Endpoint, Profile
+
+if TYPE_CHECKING:
+    from agent.proxy.model import Endpoint, Profile
 
 POD = "pod"
 POD_IP = "pod-ip"

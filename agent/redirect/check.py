@@ -6,7 +6,7 @@ Rules:
 2. Netfilter features are tested for real: a throwaway netns gets a rule using
    each feature (nat table, REDIRECT, mark, comment, multiport) in each
    installed backend, and is removed again.
-3. eBPF checks come from `agent.redirect.ebpf.checks()` when that module
+3. eBPF checks come from `agent.redirect.ebpf_checks.checks()` when that module
    imports; `--redirect auto` picks ebpf only when all of those pass.
 4. `verify_pod` sends real probe connections through a pod's capture: from
    inside the pod to a test address (outbound) and from the host to the pod IP
@@ -202,11 +202,11 @@ def check_netfilter() -> list[CheckResult]:
 def ebpf_checks() -> list[CheckResult] | None:
     """The eBPF helper's checks, or None when its module is absent."""
     try:
-        from agent.redirect import ebpf  # noqa: PLC0415
+        from agent.redirect import ebpf_checks  # noqa: PLC0415
     except ImportError:
         return None
     try:
-        return list(ebpf.checks())
+        return list(ebpf_checks.checks())
     except Exception as exc:  # noqa: BLE001
         return [CheckResult(name="ebpf checks", ok=False, detail=f"crashed: {exc}", hint="")]
 

@@ -36,7 +36,8 @@ Rules:
    entries, listener and original-destination entries; `uninstall` removes
    everything, maps and programs included.
 4. inspect reads the kernel: pinned links and what they are attached to, map
-   entries, never this object's memory.
+   entries, never this object's memory (`agent.redirect.ebpf_inspect`). The
+   preflight for `meshagent check` is `agent.redirect.ebpf_checks`.
 """
 
 from __future__ import annotations
@@ -47,21 +48,21 @@ import json
 import logging
 import os
 import re
-import socket
-import struct
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.errors import AgentError, PrerequisiteError, RedirectError, SettingError
-from agent.redirect import maps, netns, rules
+from agent.errors import PrerequisiteError, RedirectError, SettingError
+from agent.redirect import ebpf_inspect, maps, rules
+from agent.redirect.ebpf_inspect import netns_cookie_of
 from agent.redirect.maps import BpfError, PinnedMap
 from agent.redirect.model import CaptureSpec, CaptureState, Mode
 
 if TYPE_CHECKING:
-    from agent.redirect.check import CheckResult
+    import socket
+
     from agent.redirect.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -454,7 +455,7 @@ class EbpfRedirector:
 
     # -- pods -----------------------------------------------------------------------
 
-    def _config(self, spec: CaptureSpec, *, inbound: bool) -> maps.PodConfigC:
+    def pod_config(self, spec: CaptureSpec, *, inbound: bool) -> maps.PodConfigC:
         try:
             return maps.pod_config(
                 spec,
@@ -479,7 +480,7 @@ class EbpfRedirector:
         self.install()
         steer = "sk_lookup" in self._fds
         cookie = netns_cookie_of(spec.netns)
-        cfg = self._config(spec, inbound=steer)
+        cfg = self.pod_config(spec, inbound=steer)
         self._forget_config(spec, keep_cookie=cookie)
         with self.open_map(maps.CFG_BY_NETNS) as m:
             m.update(ctypes.c_uint64(cookie), cfg)
@@ -512,7 +513,7 @@ class EbpfRedirector:
                     m.delete(ctypes.c_uint32(maps.ip_be(spec.pod_ip)))
             else:
                 return "captured"
-        fallback = self._inbound_fallback()
+        fallback = self.inbound_fallback()
         fallback.enroll_inbound(spec)
         logger.warning(
             "inbound falls back to iptables",
@@ -520,7 +521,7 @@ class EbpfRedirector:
         )
         return "fallback-iptables"
 
-    def _inbound_fallback(self) -> InboundFallback:
+    def inbound_fallback(self) -> InboundFallback:
         if self._fallback is None:
             self._fallback = IptablesInbound()
         return self._fallback
@@ -530,7 +531,12 @@ class EbpfRedirector:
             return
         from agent.redirect.registry import Enrollment  # noqa: PLC0415
 
-        extra = {"inbound": inbound, "accelerate": self.accelerate, "pins": str(self.pod_dir(spec))}
+        extra = {
+            "inbound": inbound,
+            "accelerate": self.accelerate,
+            "pins": str(self.pod_dir(spec)),
+            "pin_root": str(self.pin_root),  # `redirects list` inspects with the same root
+        }
         self.registry.put(Enrollment(spec=spec, mode=self.mode, extra=extra))
 
     def _forget_config(self, spec: CaptureSpec, *, keep_cookie: int | None = None) -> list[int]:
@@ -567,7 +573,7 @@ class EbpfRedirector:
         if not had_sk_lookup and (
             self._fallback is not None or not self.use_sk_lookup or self.sk_lookup_error
         ):
-            self._inbound_fallback().unenroll_inbound(spec)
+            self.inbound_fallback().unenroll_inbound(spec)
         if self.registry is not None:
             self.registry.remove(spec.pod)
         logger.info("pod unenrolled", extra={"pod": spec.pod, "mode": "ebpf"})
@@ -587,236 +593,12 @@ class EbpfRedirector:
             ) from exc
 
     def inspect(self, spec: CaptureSpec) -> CaptureState:
-        """The pod's capture as the kernel has it.
+        """The pod's capture as the kernel has it (`agent.redirect.ebpf_inspect`).
 
         Raises:
             RedirectError: the pinned maps cannot be read.
         """
-        links = maps.link_infos(self.pod_dir(spec))
-        want = {self._target_id(spec, n): n for n in links}
-        drift = [
-            f"link {n} attached to {i.target}, want {t}"
-            for t, n in want.items()
-            if (i := links[n]).target != t
-        ]
-        try:
-            cookie: int | None = netns_cookie_of(spec.netns)
-        except AgentError:
-            cookie = None
-        try:
-            entries = self._entries(spec, cookie)
-        except BpfError as exc:
-            if links:
-                raise RedirectError(spec.pod, str(spec.netns), "inspect", str(exc)) from exc
-            entries = _Entries()
-        outbound = _direction({"connect4", "sockops"} <= links.keys() and entries.cfg_netns)
-        inbound = self._inbound_state(spec, links, entries)
-        if entries.cfg is not None:
-            planned = self._config(spec, inbound="sk_lookup" in links)
-            if bytes(planned) != bytes(entries.cfg):
-                drift.append("pod config in ma_cfg_netns differs from the spec")
-        return CaptureState(
-            pod=spec.pod,
-            netns=str(spec.netns),
-            mode=self.mode,
-            inbound=inbound,
-            outbound=outbound,
-            skipped_ports=_skipped(spec),
-            counters={
-                "orig_dst_entries": len(entries.orig),
-                "inbound_listener": int(entries.listener),
-                "accel_sockets": entries.accel,
-                "links": len(links),
-            },
-            detail=self._detail(links, entries),
-            drift=tuple(drift),
-            extra={
-                "links": {
-                    n: {"id": i.id, "prog_id": i.prog_id, "target": i.target}
-                    for n, i in links.items()
-                },
-                "orig_dst": entries.orig,
-                "accelerate": bool(entries.cfg is not None and entries.cfg.flags & maps.F_ACCEL),
-                "sk_lookup_error": self.sk_lookup_error,
-                "pins": str(self.pod_dir(spec)),
-            },
-        )
-
-    def _target_id(self, spec: CaptureSpec, link: str) -> int:
-        if link == "sk_lookup":
-            return Path(spec.netns).stat().st_ino
-        return spec.cgroup.stat().st_ino if spec.cgroup is not None else 0
-
-    def _entries(self, spec: CaptureSpec, cookie: int | None) -> _Entries:
-        ip = maps.ip_be(spec.pod_ip)
-        out = _Entries()
-        with self.open_map(maps.CFG_BY_NETNS) as m:
-            out.cfg = m.lookup(ctypes.c_uint64(cookie)) if cookie is not None else None
-            out.cfg_netns = out.cfg is not None
-        with self.open_map(maps.CFG_BY_IP) as m:
-            out.cfg_ip = m.lookup(ctypes.c_uint32(ip)) is not None
-        with self.open_map(maps.LISTENERS) as m:
-            out.listener = m.lookup(ctypes.c_uint32(ip)) is not None
-        with self.open_map(maps.ORIG_DST) as m:
-            out.orig = sorted(
-                f"{maps.ip_str(k.ip)}:{k.port} -> {':'.join(map(str, maps.orig_dst_addr(v)))}"
-                for k, v in m.items()
-                if k.netns == cookie
-            )
-        with self.open_map(maps.ACCEL_SOCKS) as m:
-            out.accel = sum(1 for k in m.key_list() if k.netns == cookie)
-        return out
-
-    def _inbound_state(
-        self, spec: CaptureSpec, links: dict[str, maps.LinkInfo], e: _Entries
-    ) -> str:
-        if "sk_lookup" in links and e.cfg_ip:
-            return "captured" if e.listener else "no-listener"
-        if "sk_lookup" not in links and not e.cfg_ip:
-            try:
-                if self._inbound_fallback().has_inbound(spec):
-                    return "fallback-iptables"
-            except AgentError:
-                pass
-            return "missing"
-        return "partial"
-
-    def _detail(self, links: dict[str, maps.LinkInfo], e: _Entries) -> str:
-        lines = [
-            f"link {n}: id {i.id} prog {i.prog_id} target {i.target}" for n, i in links.items()
-        ]
-        for name in maps.MAP_TYPES:
-            with contextlib.suppress(BpfError), self.open_map(name) as m:
-                info = maps.obj_info(m.fd)
-                map_id = struct.unpack_from("<I", info, 4)[0]
-                lines.append(f"map {name}: id {map_id} entries {sum(1 for _ in m.key_list())}")
-        lines += [f"orig_dst {o}" for o in e.orig]
-        return "\n".join(lines)
-
-
-@dataclass(slots=True)
-class _Entries:
-    """What the shared maps hold for one pod."""
-
-    cfg: maps.PodConfigC | None = None
-    cfg_netns: bool = False
-    cfg_ip: bool = False
-    listener: bool = False
-    orig: list[str] = field(default_factory=list)
-    accel: int = 0
-
-
-def _direction(ok: object) -> str:
-    return "captured" if ok else "missing"
-
-
-def _skipped(spec: CaptureSpec) -> str:
-    inbound = ",".join(
-        [str(p) for p in spec.proxy_ports] + [str(r) for r in spec.skip_inbound_ports.ranges]
-    )
-    out = [f"in:{inbound}"]
-    if spec.skip_outbound_ports:
-        out.append(f"out:{spec.skip_outbound_ports}")
-    if spec.skip_subnets:
-        out.append("subnets:" + ",".join(str(s) for s in spec.skip_subnets))
-    return " ".join(out)
-
-
-def netns_cookie_of(path: str | Path) -> int:
-    """The cookie of the network namespace at `path`.
-
-    Raises:
-        NetnsError: the namespace cannot be entered.
-    """
-    sock = netns.socket_in(path, socket.AF_INET, socket.SOCK_DGRAM)
-    with sock:
-        return maps.netns_cookie(sock)
-
-
-# --- preflight ------------------------------------------------------------------------
-
-# Tiny programs: `r0 = 1; exit` (1 is "allow" for cgroup hooks, SK_PASS for the others).
-_TINY = bytes.fromhex("b7000000010000009500000000000000")
-
-
-class _LoadOpts(ctypes.Structure):
-    """The head of libbpf's `struct bpf_prog_load_opts` (older layouts are accepted)."""
-
-    _fields_ = (
-        ("sz", ctypes.c_size_t),
-        ("attempts", ctypes.c_int),
-        ("expected_attach_type", ctypes.c_int),
-    )
-
-
-def probe_program(prog: Program) -> str:
-    """ "" if the kernel loads a program of `prog`'s type and attach type, else why not."""
-    opts = _LoadOpts(ctypes.sizeof(_LoadOpts), 0, prog.attach_type)
-    insns = ctypes.create_string_buffer(_TINY, len(_TINY))
-    fd = maps.libbpf().bpf_prog_load(
-        prog.prog_type, b"ma_probe", b"GPL", insns, len(_TINY) // 8, ctypes.byref(opts)
-    )
-    if fd < 0:
-        return os.strerror(-fd)
-    os.close(fd)
-    return ""
-
-
-def checks() -> list[CheckResult]:
-    """Preflight for `meshagent check`: each line says what is missing and how to get it."""
-    from agent.redirect.check import CheckResult  # noqa: PLC0415
-
-    out = []
-    try:
-        import bcc  # noqa: F401, PLC0415
-    except ImportError as exc:
-        out.append(
-            CheckResult(name="bcc importable", ok=False, detail=str(exc), hint="run scripts/setup")
-        )
-    else:
-        out.append(CheckResult(name="bcc importable", ok=True, detail="bcc"))
-    hdr = headers_dir()
-    release = os.uname().release
-    out.append(
-        CheckResult(name="kernel headers", ok=True, detail=str(hdr))
-        if hdr is not None
-        else CheckResult(
-            name="kernel headers",
-            ok=False,
-            detail=f"no /lib/modules/{release}/build: bcc compiles the capture programs against it",
-            hint=HEADERS_HINT,
-        )
-    )
-    mounted = bpffs_mounted()
-    out.append(
-        CheckResult(
-            name="bpffs mounted",
-            ok=True,
-            detail=str(BPFFS) if mounted else f"not mounted; the agent mounts it at {BPFFS}",
-        )
-    )
-    cg = cgroup2_mount()
-    out.append(
-        CheckResult(
-            name="cgroup v2 mounted",
-            ok=cg is not None,
-            detail=str(cg or "no cgroup2 mount in /proc/mounts"),
-            hint="" if cg else "mount -t cgroup2 none /sys/fs/cgroup/unified",
-        )
-    )
-    for prog in PROGRAMS.values():
-        why = probe_program(prog)
-        hint = ""
-        if why and prog.name == "sk_lookup":
-            hint = "inbound capture falls back to iptables rules for each pod"
-        elif why:
-            hint = "this kernel lacks the program type; use --redirect iptables"
-        out.append(
-            CheckResult(
-                name=f"bpf program {prog.name}", ok=not why, detail=why or "loads", hint=hint
-            )
-        )
-    return out
+        return ebpf_inspect.inspect(self, spec)
 
 
 def redirector(*, registry: Registry | None = None) -> EbpfRedirector:

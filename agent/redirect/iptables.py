@@ -562,6 +562,10 @@ def _inspect_entry(entry: Enrollment, registry: Registry) -> CaptureState:
             iptables_mode=entry.backend or "auto",
             writer=entry.writer or "restore",
         )
+        pin_root = entry.extra.get("pin_root")
+        if entry.mode is Mode.EBPF and pin_root:
+            # An agent may pin under its own root (the sandbox gives each node one).
+            red = type(red)(pin_root=Path(pin_root), registry=registry)
         return red.inspect(spec)  # type: ignore[no-any-return]
     except (RedirectError, SettingError) as exc:
         return CaptureState(

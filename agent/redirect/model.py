@@ -9,12 +9,14 @@ kernel, so `meshagent redirects` shows the kernel's truth, drift included.
 from __future__ import annotations
 
 import enum
-import ipaddress
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.config import CONTROL_PORT, INBOUND_PORT, OUTBOUND_PORT, ADMIN_PORT
+from agent.config import ADMIN_PORT, CONTROL_PORT, INBOUND_PORT, OUTBOUND_PORT
+
+if TYPE_CHECKING:
+    import ipaddress
+    from pathlib import Path
 
 # Sockets the proxy opens for a pod carry this mark; capture skips them
 # (the node proxy runs as root in the host, so a UID rule cannot tell it apart).

@@ -18,13 +18,15 @@ import ctypes
 import os
 import socket
 import threading
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from agent.errors import AgentError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 T = TypeVar("T")
 
@@ -60,7 +62,7 @@ class NetnsId:
             NetnsError: the path does not exist or cannot be read.
         """
         try:
-            st = os.stat(path)
+            st = Path(path).stat()
         except OSError as exc:
             raise NetnsError(str(path), exc.strerror or str(exc)) from exc
         return cls(dev=st.st_dev, ino=st.st_ino)

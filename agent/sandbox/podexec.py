@@ -11,14 +11,16 @@ does not capture.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
-class PodNotFound(AgentError):
+
+class PodNotFoundError(AgentError):
     """No pod of the running sandbox matches the reference."""
 
     def __init__(self, ref: str, known: Sequence[str]) -> None:
@@ -32,7 +34,7 @@ def find_pod(state: Mapping[str, Any], ref: str) -> dict[str, Any]:
     """The pod record for `ref`: `ns/name`, `name`, or a unique name prefix (`shop/web`).
 
     Raises:
-        PodNotFound: nothing, or more than one pod, matches.
+        PodNotFoundError: nothing, or more than one pod, matches.
     """
     pods: list[dict[str, Any]] = list(state.get("pods") or [])
     ns, _, name = ref.rpartition("/")
@@ -43,7 +45,7 @@ def find_pod(state: Mapping[str, Any], ref: str) -> dict[str, Any]:
     prefix = [p for p in pods if p["name"].startswith(name) and ns in ("", p["namespace"])]
     if len(prefix) == 1:
         return prefix[0]
-    raise PodNotFound(ref, keys)
+    raise PodNotFoundError(ref, keys)
 
 
 def argv_for(pod: Mapping[str, Any], command: Sequence[str]) -> list[str]:

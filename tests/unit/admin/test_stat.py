@@ -6,7 +6,8 @@ import pytest
 
 from agent.admin import stat
 from agent.admin.aggregate import render
-from agent.admin.metrics import FAMILIES, PodMeta, Tls, WorkerMetrics
+from agent.admin.families import FAMILIES
+from agent.admin.metrics import PodMeta, Tls, WorkerMetrics
 
 WEB = PodMeta(namespace="shop", pod="web-1", owner_kind="deployment", owner_name="web")
 CLIENT = PodMeta(namespace="shop", pod="client-1")

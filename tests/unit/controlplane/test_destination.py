@@ -7,6 +7,7 @@ from google.protobuf import json_format
 
 from agent._proto import destination_pb2 as pb
 from agent.controlplane import destination as dst
+from agent.controlplane import profiles
 from agent.controlplane.manifests import parse_text
 from agent.controlplane.store import ResourceStore, Snapshot
 
@@ -335,8 +336,8 @@ spec:
 
 
 def profile(snap: Snapshot, path: str, ns: str = "") -> pb.DestinationProfile | None:
-    lookup = dst.profile_lookup(dst.Target.parse(path), MESH)
-    return dst.profile(snap, lookup, dst.ContextToken(ns=ns), MESH)
+    lookup = profiles.profile_lookup(dst.Target.parse(path), MESH)
+    return profiles.profile(snap, lookup, dst.ContextToken(ns=ns), MESH)
 
 
 def test_service_profile_becomes_routes_budget_and_overrides():

@@ -199,11 +199,6 @@ def test_bad_settings_are_rejected():
 
 def test_pick_avoids_endpoints_this_request_already_tried():
     # A fast-failing endpoint has the lowest latency cost; a retry must still go elsewhere.
-    import random
-
-    from agent.proxy.balance import Balancer
-    from agent.proxy.model import Endpoint
-
     bal = Balancer([Endpoint(addr=("10.0.0.1", 80)), Endpoint(addr=("10.0.0.2", 80))])
     rng = random.Random(1)
     for _ in range(50):

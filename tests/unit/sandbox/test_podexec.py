@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.sandbox.podexec import PodNotFound, argv_for, find_pod
+from agent.sandbox.podexec import PodNotFoundError, argv_for, find_pod
 
 STATE = {
     "pods": [
@@ -29,17 +29,23 @@ def test_find_pod_accepts_full_names_and_unique_prefixes(ref, netns):
 
 @pytest.mark.parametrize("ref", ["shop/api", "web", "nope", "other/web-830e7-0"])
 def test_find_pod_refuses_ambiguous_or_unknown_refs_and_lists_pods(ref):
-    with pytest.raises(PodNotFound) as exc:
+    with pytest.raises(PodNotFoundError) as exc:
         find_pod(STATE, ref)
     assert "shop/api-bd955-0" in str(exc.value)
 
 
 def test_find_pod_without_a_sandbox_says_so():
-    with pytest.raises(PodNotFound, match="is the sandbox up"):
+    with pytest.raises(PodNotFoundError, match="is the sandbox up"):
         find_pod({}, "shop/web")
 
 
 def test_argv_enters_the_pod_netns_by_name():
     assert argv_for(STATE["pods"][0], ["curl", "-s", "x"]) == [
-        "ip", "netns", "exec", "sb-shop-web", "curl", "-s", "x",
+        "ip",
+        "netns",
+        "exec",
+        "sb-shop-web",
+        "curl",
+        "-s",
+        "x",
     ]

@@ -1,0 +1,176 @@
+"""Reading one pod's eBPF capture back from the kernel (`EbpfRedirector.inspect`).
+
+Rules:
+1. Everything comes from the kernel: the pod's pinned links and what they are
+   attached to, and the shared maps' entries for the pod's netns cookie and IP;
+   never the redirector's memory. Drift is what the kernel has that the spec
+   does not plan (a link on another target, a different pod config).
+2. Read-only: nothing here attaches, updates or removes anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import socket
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.errors import AgentError, RedirectError
+from agent.redirect import maps, netns
+from agent.redirect.maps import BpfError
+from agent.redirect.model import CaptureState
+
+if TYPE_CHECKING:
+    from agent.redirect.ebpf import EbpfRedirector
+    from agent.redirect.model import CaptureSpec
+
+
+def inspect(red: EbpfRedirector, spec: CaptureSpec) -> CaptureState:
+    """The pod's capture as the kernel has it.
+
+    Raises:
+        RedirectError: the pinned maps cannot be read.
+    """
+    links = maps.link_infos(red.pod_dir(spec))
+    want = {_target_id(spec, n): n for n in links}
+    drift = [
+        f"link {n} attached to {i.target}, want {t}"
+        for t, n in want.items()
+        if (i := links[n]).target != t
+    ]
+    try:
+        cookie: int | None = netns_cookie_of(spec.netns)
+    except AgentError:
+        cookie = None
+    try:
+        entries = _entries(red, spec, cookie)
+    except BpfError as exc:
+        if links:
+            raise RedirectError(spec.pod, str(spec.netns), "inspect", str(exc)) from exc
+        entries = _Entries()
+    outbound = _direction({"connect4", "sockops"} <= links.keys() and entries.cfg_netns)
+    inbound = _inbound_state(red, spec, links, entries)
+    if entries.cfg is not None:
+        planned = red.pod_config(spec, inbound="sk_lookup" in links)
+        if bytes(planned) != bytes(entries.cfg):
+            drift.append("pod config in ma_cfg_netns differs from the spec")
+    return CaptureState(
+        pod=spec.pod,
+        netns=str(spec.netns),
+        mode=red.mode,
+        inbound=inbound,
+        outbound=outbound,
+        skipped_ports=_skipped(spec),
+        counters={
+            "orig_dst_entries": len(entries.orig),
+            "inbound_listener": int(entries.listener),
+            "accel_sockets": entries.accel,
+            "links": len(links),
+        },
+        detail=_detail(red, links, entries),
+        drift=tuple(drift),
+        extra={
+            "links": {
+                n: {"id": i.id, "prog_id": i.prog_id, "target": i.target} for n, i in links.items()
+            },
+            "orig_dst": entries.orig,
+            "accelerate": bool(entries.cfg is not None and entries.cfg.flags & maps.F_ACCEL),
+            "sk_lookup_error": red.sk_lookup_error,
+            "pins": str(red.pod_dir(spec)),
+        },
+    )
+
+
+def _target_id(spec: CaptureSpec, link: str) -> int:
+    if link == "sk_lookup":
+        return Path(spec.netns).stat().st_ino
+    return spec.cgroup.stat().st_ino if spec.cgroup is not None else 0
+
+
+def _entries(red: EbpfRedirector, spec: CaptureSpec, cookie: int | None) -> _Entries:
+    ip = maps.ip_be(spec.pod_ip)
+    out = _Entries()
+    with red.open_map(maps.CFG_BY_NETNS) as m:
+        out.cfg = m.lookup(ctypes.c_uint64(cookie)) if cookie is not None else None
+        out.cfg_netns = out.cfg is not None
+    with red.open_map(maps.CFG_BY_IP) as m:
+        out.cfg_ip = m.lookup(ctypes.c_uint32(ip)) is not None
+    with red.open_map(maps.LISTENERS) as m:
+        out.listener = m.lookup(ctypes.c_uint32(ip)) is not None
+    with red.open_map(maps.ORIG_DST) as m:
+        out.orig = sorted(
+            f"{maps.ip_str(k.ip)}:{k.port} -> {':'.join(map(str, maps.orig_dst_addr(v)))}"
+            for k, v in m.items()
+            if k.netns == cookie
+        )
+    with red.open_map(maps.ACCEL_SOCKS) as m:
+        out.accel = sum(1 for k in m.key_list() if k.netns == cookie)
+    return out
+
+
+def _inbound_state(
+    red: EbpfRedirector, spec: CaptureSpec, links: dict[str, maps.LinkInfo], e: _Entries
+) -> str:
+    if "sk_lookup" in links and e.cfg_ip:
+        return "captured" if e.listener else "no-listener"
+    if "sk_lookup" not in links and not e.cfg_ip:
+        try:
+            if red.inbound_fallback().has_inbound(spec):
+                return "fallback-iptables"
+        except AgentError:
+            pass
+        return "missing"
+    return "partial"
+
+
+def _detail(red: EbpfRedirector, links: dict[str, maps.LinkInfo], e: _Entries) -> str:
+    lines = [f"link {n}: id {i.id} prog {i.prog_id} target {i.target}" for n, i in links.items()]
+    for name in maps.MAP_TYPES:
+        with contextlib.suppress(BpfError), red.open_map(name) as m:
+            info = maps.obj_info(m.fd)
+            map_id = struct.unpack_from("<I", info, 4)[0]
+            lines.append(f"map {name}: id {map_id} entries {sum(1 for _ in m.key_list())}")
+    lines += [f"orig_dst {o}" for o in e.orig]
+    return "\n".join(lines)
+
+
+@dataclass(slots=True)
+class _Entries:
+    """What the shared maps hold for one pod."""
+
+    cfg: maps.PodConfigC | None = None
+    cfg_netns: bool = False
+    cfg_ip: bool = False
+    listener: bool = False
+    orig: list[str] = field(default_factory=list)
+    accel: int = 0
+
+
+def _direction(ok: object) -> str:
+    return "captured" if ok else "missing"
+
+
+def _skipped(spec: CaptureSpec) -> str:
+    inbound = ",".join(
+        [str(p) for p in spec.proxy_ports] + [str(r) for r in spec.skip_inbound_ports.ranges]
+    )
+    out = [f"in:{inbound}"]
+    if spec.skip_outbound_ports:
+        out.append(f"out:{spec.skip_outbound_ports}")
+    if spec.skip_subnets:
+        out.append("subnets:" + ",".join(str(s) for s in spec.skip_subnets))
+    return " ".join(out)
+
+
+def netns_cookie_of(path: str | Path) -> int:
+    """The cookie of the network namespace at `path`.
+
+    Raises:
+        NetnsError: the namespace cannot be entered.
+    """
+    sock = netns.socket_in(path, socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        return maps.netns_cookie(sock)
