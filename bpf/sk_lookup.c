@@ -2,8 +2,21 @@
  * goes to the pod's inbound listener, whatever port it was sent to, except
  * skipped ports (skip-inbound-ports and the proxy's own ports) and sources in
  * skip-subnets. The accepted socket's local address is the original
- * destination. Loopback traffic (the proxy forwarding to the app) is never
- * steered.
+ * destination. Loopback destinations are never steered.
+ *
+ * Connections from the pod to its own address (remote == local) are never
+ * steered either. The proxy's inbound forwarding is one: it dials B's app at
+ * B's pod IP from inside B's netns, and sk_lookup cannot see its socket mark
+ * (the lookup runs on the SYN, before any socket of ours is at hand), so
+ * without this rule that connection would loop back into the 4143 listener.
+ * The app dialling its own pod IP is the other, and it is left alone on
+ * purpose: that is what Linkerd's iptables does (traffic leaving via `lo`
+ * RETURNs in the output chain, and locally generated packets never reach
+ * the prerouting chain), what our iptables plan does, and connect4 likewise
+ * skips the pod's own address, so both modes agree that a pod talking to
+ * itself is not meshed. A peer cannot forge remote == local from outside:
+ * the kernel drops packets from the wire whose source is a local address
+ * (martian source; net.ipv4.conf.*.accept_local is 0 by default).
  *
  * sk_lookup has no netns cookie helper, so a pod is found by its address.
  * A meshed pod whose listener is not (yet) in the map gets its inbound
@@ -20,6 +33,8 @@ int ma_sk_lookup(struct bpf_sk_lookup *ctx)
         return SK_PASS;
     __u32 ip = ctx->local_ip4;
     if (ma_is_loopback(ip))
+        return SK_PASS;
+    if (ctx->remote_ip4 == ip) /* the pod to itself: see the header */
         return SK_PASS;
     struct ma_pod_config *cfg = ma_cfg_ip.lookup(&ip);
     if (!cfg || !(cfg->flags & MA_F_INBOUND))

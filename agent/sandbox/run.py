@@ -7,8 +7,8 @@ pairs, each with a veth to the host), the cluster plan
 (`agent.sandbox.cluster`) written as a generated manifests folder, the pods
 (netns + veth + cgroup `.../pod<uid>` + `/etc/netns/<netns>/hosts`),
 kube-proxy rules per node, the control plane, one `meshagent run` per node
-(inside the node netns, admin on the node's host-link address) and one app per
-pod. Then it waits for readiness. `--detach` returns; otherwise it drives
+(inside the node netns, admin reached at the node's host-link address) and one
+app per pod. Then it waits for readiness. `--detach` returns; otherwise it drives
 traffic and shows the live view (`agent.sandbox.view`) until the duration ends
 or Ctrl-C, and then takes everything down.
 
@@ -486,7 +486,10 @@ def _start_controlplane(state: _State, manifests_dir: Path, identity: Path) -> N
 def start_agent(
     state: _State, node: dict[str, Any], manifests_dir: Path, identity: Path, mode: str
 ) -> None:
-    """One `meshagent run` for `node`, inside its netns; admin on its host-link address."""
+    """One `meshagent run` for `node`, inside its netns; admin reached at its host-link
+    address, bound on 0.0.0.0 there so that `meshagent tap` can also reach it on the
+    node netns's loopback (agent.admin.client rule 2); from outside that netns only
+    the node's addresses lead to it."""
     host = node["host_ip"]
     admin = f"{node['node_ip']}:{config.ADMIN_PORT}"
     env = {"MESHAGENT_CLEANUP_ON_EXIT": "true"}
@@ -503,7 +506,7 @@ def start_agent(
         "--pods-from", f"manifests:{manifests_dir}",
         "--node", node["name"],
         "--redirect", mode,
-        "--admin-addr", admin,
+        "--admin-addr", f"0.0.0.0:{config.ADMIN_PORT}",
         "--identity-dir", str(identity),
     ]  # fmt: skip
     _spawn(

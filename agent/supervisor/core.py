@@ -92,7 +92,6 @@ logger = logging.getLogger(__name__)
 RETRY_S = 1.0  # pods not found yet are retried this often
 UNANSWERED_CHECK_S = 0.05  # how often targets with failed, unanswered streams are looked for
 ENV_BPF_PIN_ROOT = "MESHAGENT_BPF_PIN_ROOT"
-ENV_REDIRECT = "MESHAGENT_REDIRECT"  # the resolved mode, for the workers
 
 
 @dataclass(slots=True, kw_only=True)
@@ -199,8 +198,6 @@ class Supervisor:
                 grace_s=s.grace,
                 plugins=s.worker_plugins,
                 log_level=s.log_level,
-                # workers learn the node's capture mode here (agent.proxy.inbound.app_addr)
-                env={**os.environ, ENV_REDIRECT: self.mode.value},
             ),
             on_need=self._on_need,
             on_stats=self._on_stats,

@@ -199,6 +199,40 @@ def test_inbound_to_admin_and_skipped_ports_is_not_steered(pods, spec, redirecto
             inbound.accept()
 
 
+@pytest.mark.parametrize(
+    "mark", [PROXY_MARK, 0], ids=["proxy forwarding (marked)", "app to itself (unmarked)"]
+)
+def test_connection_from_pod_to_its_own_ip_reaches_the_app_not_the_inbound_listener(
+    pods, spec, redirector, mark
+):
+    # The worker forwards inbound traffic to the app at the pod IP from inside the pod's
+    # netns; sk_lookup must not steer that back into 4143 (a loop). The app dialling its
+    # own IP is left alone too, as Linkerd's iptables (`-o lo` RETURN) leaves it.
+    _, app, srv, _ = pods
+    with (
+        _listen(app, "0.0.0.0", spec.inbound_port) as inbound,
+        _listen(app, app.ip, 8080) as real,
+    ):
+        redirector["r"].set_inbound_listener(spec, inbound)
+        assert redirector["r"].inspect(spec).inbound == "captured"
+        proc = _client(app, app.ip, 8080, mark=mark)
+        conn, data = _serve_one(real, b"app")
+        with conn:
+            assert data == b"ping"
+            assert conn.getpeername()[0] == app.ip  # the pod's own address, not loopback
+        assert _finish(proc) == "app"
+        inbound.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            inbound.accept()
+        # the same port from another netns is still captured: the pass is only for self
+        with srv.socket() as client:
+            client.settimeout(TIMEOUT)
+            client.connect((app.ip, 8080))
+            inbound.settimeout(TIMEOUT)
+            steered, _ = inbound.accept()
+            steered.close()
+
+
 def test_pins_survive_a_reload(pods, spec, redirector, pin_root):
     _, app, srv, _ = pods
     old = redirector["r"]

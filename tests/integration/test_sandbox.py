@@ -11,6 +11,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -43,14 +45,22 @@ def _machine() -> dict[str, object]:
     )
     return {
         "netns": sorted(n for n in out("ip", "netns", "list").split() if n.startswith("sb-")),
-        "links": sorted(line.split(":")[1].strip() for line in out("ip", "-o", "link").splitlines() if ": sb" in line),
+        "links": sorted(
+            line.split(":")[1].strip()
+            for line in out("ip", "-o", "link").splitlines()
+            if ": sb" in line
+        ),
         "routes": out("ip", "-4", "route").count("100.127."),
         "cgroups": [c for c in cg if c.startswith("sb-")],
         "procs": sorted(
             p.name for p in Path("/proc").iterdir()
             if p.name.isdigit() and b"/run/meshagent/sandbox" in _read(p / "cmdline")
         ),
-        "etc_netns": sorted(p.name for p in Path("/etc/netns").glob("sb-*")) if Path("/etc/netns").is_dir() else [],
+        "etc_netns": (
+            sorted(p.name for p in Path("/etc/netns").glob("sb-*"))
+            if Path("/etc/netns").is_dir()
+            else []
+        ),
         "bpf_pins": sorted(p.name for p in Path("/sys/fs/bpf").glob("meshagent-sandbox*")),
     }  # fmt: skip
 
@@ -90,7 +100,7 @@ def _pod(status, workload: str, index: int = 0):
 
 
 def _in_pod(pod, *argv: str, input_: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Run argv in the pod (netns via `ip netns exec`, so its /etc/hosts applies, and its cgroup)."""
+    """Run argv in the pod's netns (`ip netns exec`, so its /etc/hosts applies) and cgroup."""
     state = json.loads(Path("/run/meshagent/sandbox/state.json").read_text())
     cgroup = next(p["cgroup"] for p in state["pods"] if p["netns"] == pod["netns"])
 
@@ -177,8 +187,11 @@ def test_load_is_denied_by_api_policy(sandbox):
 def test_timeout_route_answers_504_in_time(sandbox):
     if not sandbox["agents"]:
         pytest.skip("meshagent run not available")
-    out = _in_pod(_pod(sandbox, "web"), "curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code} %{time_total}",
-                  "http://api.shop.svc.cluster.local:8080/slow/1?delay=2000")  # fmt: skip
+    out = _in_pod(
+        _pod(sandbox, "web"),
+        "curl", "-s", "-m", "5", "-o", "/dev/null", "-w", "%{http_code} %{time_total}",
+        "http://api.shop.svc.cluster.local:8080/slow/1?delay=2000",
+    )  # fmt: skip
     code, took = out.stdout.decode().split()
     assert code == "504"
     assert float(took) < 1.5
@@ -222,9 +235,7 @@ def test_failing_replica_is_hidden_by_retries(sandbox):
 
 
 def test_echo_status_path_returns_that_status(sandbox):
-    code, _ = _curl(
-        _pod(sandbox, "curl"), f"http://{_pod(sandbox, 'web')['ip']}:8080/status/418"
-    )
+    code, _ = _curl(_pod(sandbox, "curl"), f"http://{_pod(sandbox, 'web')['ip']}:8080/status/418")
     assert code in (418, 403)  # 403 if the agent's policy refuses the unmeshed client
 
 
@@ -244,6 +255,56 @@ def test_agents_capture_in_the_requested_mode(sandbox):
         if sandbox["asked"] == "ebpf"
         else []
     )
+
+
+def test_tap_from_the_host_streams_a_sandbox_pods_requests(sandbox):
+    """`/tap` answers loopback callers only; the client dials a sandbox agent from
+    inside its node netns, so `meshagent tap` on the host works (no 403)."""
+    if not sandbox["agents"]:
+        pytest.skip("meshagent run not available")
+    web = _pod(sandbox, "web")
+    key = f"{web['namespace']}/{web['name']}"
+    tap = subprocess.Popen(
+        [*CLI, "tap", key, "--path", "/tapped", "--max", "3", "-o", "json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while tap.poll() is None and time.monotonic() < deadline:
+            _curl(web, "http://api.shop.svc.cluster.local:8080/tapped")
+            time.sleep(0.2)
+        out, err = tap.communicate(timeout=5)
+    finally:
+        if tap.poll() is None:
+            tap.kill()
+            tap.communicate()
+    assert tap.returncode == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert len(events) == 3
+    assert all(e["pod"] == key and e["direction"] == "outbound" for e in events)
+    assert all(e["path"] == "/tapped" and e["status"] == 200 for e in events)
+
+
+def test_log_level_put_reaches_sandbox_agents_only_through_their_netns(sandbox):
+    if not sandbox["agents"]:
+        pytest.skip("meshagent run not available")
+    from agent.admin import client  # noqa: PLC0415
+
+    for agent in sandbox["agents"]:
+        url = agent["admin_url"]
+        put = urllib.request.Request(f"{url}/proxy-log-level", data=b"info", method="PUT")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(put, timeout=5)  # from the host: not a loopback caller
+        refused.value.close()
+        assert refused.value.code == 403
+        assert client.sandbox_netns(url) is not None
+        before = urllib.request.urlopen(f"{url}/proxy-log-level", timeout=5).read().decode()
+        try:
+            client.put_log_level(url, "agent.proxy=debug,warning")  # raises unless accepted
+            now = urllib.request.urlopen(f"{url}/proxy-log-level", timeout=5).read().decode()
+            assert now.strip() == "agent.proxy=debug,warning"
+        finally:
+            client.put_log_level(url, before.strip())
 
 
 def test_up_prints_progress_and_hints_that_work(sandbox):
