@@ -176,9 +176,7 @@ class Balancer:
         self._items = list(by_addr.values())
         self._unhealthy = sum(1 for s in self._items if s.accrual.state is not State.HEALTHY)
 
-    def pick(
-        self, now: float, rng: Rng, avoid: Collection[tuple[str, int]] = ()
-    ) -> Handle | None:
+    def pick(self, now: float, rng: Rng, avoid: Collection[tuple[str, int]] = ()) -> Handle | None:
         """Choose an endpoint for one request; None when there are no endpoints.
 
         `avoid`: addresses already tried by this request (retries). They are

@@ -219,6 +219,11 @@ class _Parser:
         """The parser state's name (for tests and debugging)."""
         return self._state.label
 
+    @property
+    def between_messages(self) -> bool:
+        """Waiting for a next head, nothing buffered (a cheap `state == "head"`)."""
+        return self._state is _S.HEAD and not self._stash
+
     def feed(self, data: bytes) -> list[Event]:
         """Parse more input; returns the events it completes. Never raises."""
         events: list[Event] = []
@@ -449,12 +454,68 @@ def _keep_alive(version: bytes, tokens: frozenset[bytes]) -> bool:
     return version == b"1.1" or b"keep-alive" in tokens
 
 
+# Parsed heads by their bytes (a pure function of them): clients and servers repeat the
+# same heads, so most parses are one dict lookup. Bounded; entries are private copies
+# (callers get fresh head objects and header lists).
+_CACHE_BLOCK_MAX = 2048
+_CACHE_ENTRIES_MAX = 256
+_REQUEST_HEADS: dict[bytes, RequestHead] = {}
+_RESPONSE_HEADS: dict[tuple[bytes, bool], ResponseHead] = {}
+
+
+def _copy_request(h: RequestHead) -> RequestHead:
+    return RequestHead(
+        method=h.method,
+        target=h.target,
+        version=h.version,
+        headers=list(h.headers),
+        keep_alive=h.keep_alive,
+        framing=h.framing,
+        content_length=h.content_length,
+        upgrade=h.upgrade,
+        expect_continue=h.expect_continue,
+    )
+
+
+def _copy_response(h: ResponseHead) -> ResponseHead:
+    return ResponseHead(
+        status=h.status,
+        reason=h.reason,
+        version=h.version,
+        headers=list(h.headers),
+        keep_alive=h.keep_alive,
+        framing=h.framing,
+        content_length=h.content_length,
+    )
+
+
 class RequestParser(_Parser):
     """Parses the requests a client sends."""
 
     def __init__(self, *, decode_chunked: bool = False, max_head: int = MAX_HEAD_BYTES) -> None:
         super().__init__(decode_chunked=decode_chunked, max_head=max_head)
         self._switching = False  # the current request asks to upgrade or CONNECT
+
+    def feed(self, data: bytes) -> list[Event]:
+        """Parse more input; returns the events it completes. Never raises."""
+        # Fast path: the input is exactly one bodiless request whose head was parsed before.
+        if self._state is _S.HEAD and not self._stash and type(data) is bytes:
+            idx = data.find(b"\r\n\r\n")
+            if 0 < idx <= self.max_head and idx + 4 == len(data):
+                hit = _REQUEST_HEADS.get(data[:idx])
+                if (
+                    hit is not None
+                    and hit.framing is Framing.NONE
+                    and hit.upgrade is None
+                    and hit.method != b"CONNECT"
+                ):
+                    keep = hit.keep_alive
+                    self._keep_alive = keep
+                    self._switching = False
+                    if not keep:
+                        self._state = _S.CLOSED
+                    return [_copy_request(hit), MessageEnd()]
+        return super().feed(data)
 
     def upgrade_accepted(self) -> bytes:
         """The server switched protocols: returns buffered bytes, the start of the tunnel."""
@@ -492,6 +553,17 @@ class RequestParser(_Parser):
             self._state = _S.PAUSED
 
     def _request_head(self, block: bytes) -> RequestHead:
+        hit = _REQUEST_HEADS.get(block)
+        if hit is not None:
+            return _copy_request(hit)
+        head = self._parse_request_head(block)
+        if len(block) <= _CACHE_BLOCK_MAX:
+            if len(_REQUEST_HEADS) >= _CACHE_ENTRIES_MAX:
+                _REQUEST_HEADS.clear()
+            _REQUEST_HEADS[block] = _copy_request(head)
+        return head
+
+    def _parse_request_head(self, block: bytes) -> RequestHead:
         start, headers, facts = self._split_head(block)
         parts = start.split(b" ")
         if len(parts) != 3 or _TOKEN.fullmatch(parts[0]) is None or not parts[1]:
@@ -544,6 +616,37 @@ class ResponseParser(_Parser):
         """A request was sent; its response comes after those already expected."""
         self._pending.append(_Pending(method, upgrade))
 
+    def feed(self, data: bytes) -> list[Event]:
+        """Parse more input; returns the events it completes. Never raises."""
+        # Fast path: the input is exactly one final response (head seen before, body by
+        # length, all of it here) to a request that is not CONNECT or an upgrade.
+        pending = self._pending
+        if self._state is _S.HEAD and not self._stash and pending and type(data) is bytes:
+            request = pending[0]
+            idx = data.find(b"\r\n\r\n")
+            if idx > 0 and not request.upgrade and request.method != b"CONNECT":
+                hit = _RESPONSE_HEADS.get((data[:idx], request.method == b"HEAD"))
+                end = idx + 4
+                if hit is not None and hit.status >= 200 and idx <= self.max_head:
+                    framing = hit.framing
+                    rest = len(data) - end
+                    if (framing is Framing.NONE and rest == 0) or (
+                        framing is Framing.CONTENT_LENGTH and rest == hit.content_length
+                    ):
+                        pending.popleft()
+                        keep = hit.keep_alive
+                        self._keep_alive = keep
+                        if not keep:
+                            self._state = _S.CLOSED
+                        if rest:
+                            return [
+                                _copy_response(hit),
+                                BodyData(_view(data, end, len(data))),
+                                MessageEnd(),
+                            ]
+                        return [_copy_response(hit), MessageEnd()]
+        return super().feed(data)
+
     def _on_head(self, data: bytes, pos: int, events: list[Event]) -> int:  # noqa: PLR0911 - one exit per outcome
         start, end = self._find_head(data, pos, events)
         if end < 0:
@@ -578,6 +681,18 @@ class ResponseParser(_Parser):
         return end
 
     def _response_head(self, block: bytes, method: bytes) -> ResponseHead:
+        key = (block, method == b"HEAD")  # the only use of the method below
+        hit = _RESPONSE_HEADS.get(key)
+        if hit is not None:
+            return _copy_response(hit)
+        head = self._parse_response_head(block, method)
+        if len(block) <= _CACHE_BLOCK_MAX:
+            if len(_RESPONSE_HEADS) >= _CACHE_ENTRIES_MAX:
+                _RESPONSE_HEADS.clear()
+            _RESPONSE_HEADS[key] = _copy_response(head)
+        return head
+
+    def _parse_response_head(self, block: bytes, method: bytes) -> ResponseHead:
         start, headers, facts = self._split_head(block)
         raw_version, _, rest = start.partition(b" ")
         code, _, reason = rest.partition(b" ")
@@ -585,12 +700,13 @@ class ResponseParser(_Parser):
         if len(code) != 3 or not code.isdigit() or code[:1] == b"0":
             raise _Invalid(502, f"bad status line {start[:60]!r}")
         status = int(code)
+        content_length = facts.content_length
         if status < 200 or status in (204, 304) or method == b"HEAD":
             framing = Framing.NONE
         elif facts.transfer_encoding:
             framing = Framing.CHUNKED if facts.chunked else Framing.UNTIL_CLOSE
-            facts.content_length = None  # transfer-encoding overrides a length
-        elif facts.content_length is not None:
+            content_length = None  # transfer-encoding overrides a length
+        elif content_length is not None:
             framing = Framing.CONTENT_LENGTH
         else:
             framing = Framing.UNTIL_CLOSE
@@ -602,7 +718,7 @@ class ResponseParser(_Parser):
             headers=headers,
             keep_alive=keep_alive,
             framing=framing,
-            content_length=facts.content_length,
+            content_length=content_length,
         )
 
 
@@ -619,6 +735,7 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
+_HOP_LENGTHS = frozenset(len(n) for n in HOP_BY_HOP)
 DST_OVERRIDE = b"l5d-dst-override"
 CLIENT_ID = b"l5d-client-id"
 PROXY_ERROR = b"l5d-proxy-error"
@@ -636,9 +753,16 @@ def get_header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | N
 def strip_hop_by_hop(headers: Headers, *, keep: frozenset[bytes] = frozenset()) -> Headers:
     """Headers without hop-by-hop fields, `Proxy-*`, and those `Connection` names.
 
+    Returns `headers` itself (not a copy) when nothing is dropped: do not mutate the result.
+
     `keep` (lowercase names) survives anyway: e.g. `{b"transfer-encoding"}` when
     a chunked body is passed through raw.
     """
+    for key, _ in headers:  # fast path: no name that could be dropped (by length or prefix)
+        if len(key) in _HOP_LENGTHS or key[0] | 0x20 == 0x70:  # 0x70: p, as in proxy-
+            break
+    else:
+        return headers
     drop = set(HOP_BY_HOP)
     for key, value in headers:
         if key.lower() == b"connection":

@@ -66,6 +66,7 @@ MAX_ATTEMPTS = 5  # per request, original included; the retry budget bounds the 
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
 MAX_QUEUED_EVENTS = 256
+COALESCE_LIMIT = 16 * 1024  # body bytes copied to join a head in one write; more go separately
 _KEEP_TE = frozenset({b"transfer-encoding"})
 _NO_KEEP: frozenset[bytes] = frozenset()
 
@@ -123,13 +124,26 @@ class _ClientGoneError(Exception):
 class _Exchange:
     """One request/response on an upstream connection."""
 
-    __slots__ = ("done", "down", "ended", "got_bytes", "head", "interim", "interim_to", "pending")
+    __slots__ = (
+        "done",
+        "down",
+        "ended",
+        "error",
+        "got_bytes",
+        "head",
+        "interim",
+        "interim_to",
+        "pending",
+    )
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, interim_to: asyncio.Transport | None
     ) -> None:
         self.head: asyncio.Future[ResponseHead] = loop.create_future()
-        self.done: asyncio.Future[None] = loop.create_future()
+        # Made only when the shell must wait for the end (`wait_end`): most small
+        # responses have ended by the time their head is forwarded.
+        self.done: asyncio.Future[None] | None = None
+        self.error: UpstreamError | None = None  # a failure after the head, before the end
         self.pending: list[bytes | memoryview] = []
         self.down: asyncio.Transport | None = None
         self.ended = False
@@ -151,8 +165,9 @@ class _Exchange:
                 self.interim = False
                 return
             self.ended = True
-            if self.down is not None and not self.done.done():
-                self.done.set_result(None)
+            done = self.done
+            if self.down is not None and done is not None and not done.done():
+                done.set_result(None)
         elif isinstance(ev, ProtocolError):
             self.fail(UpstreamError("upstream", f"bad response: {ev.reason}"))
         elif isinstance(ev, Upgraded):
@@ -168,20 +183,36 @@ class _Exchange:
         elif not self.head.done():
             self.head.set_result(head)
 
-    def fail(self, err: Exception) -> None:
-        for fut in (self.head, self.done):
-            if not fut.done():
-                fut.set_exception(err)
-                fut.exception()  # whoever awaits still gets it; nobody else must
-                return
+    def fail(self, err: UpstreamError) -> None:
+        if not self.head.done():
+            self.head.set_exception(err)
+            self.head.exception()  # whoever awaits still gets it; nobody else must
+            return
+        if self.error is not None or (self.ended and self.down is not None):
+            return  # failed already, or complete
+        self.error = err
+        done = self.done
+        if done is not None and not done.done():
+            done.set_exception(err)
+            done.exception()
+
+    async def wait_end(self) -> None:
+        """Until the forwarded response has ended.
+
+        Raises:
+            UpstreamError: the upstream failed after the head.
+        """
+        if self.error is None and not self.ended:
+            self.done = asyncio.get_running_loop().create_future()
+            await self.done
+        if self.error is not None:
+            raise self.error
 
     def forward_to(self, down: asyncio.Transport) -> None:
         for data in self.pending:
             down.write(data)
         self.pending.clear()
         self.down = down
-        if self.ended and not self.done.done():
-            self.done.set_result(None)
 
 
 class UpstreamConn(asyncio.Protocol):
@@ -272,7 +303,7 @@ class UpstreamConn(asyncio.Protocol):
             and self.exch is None
             and tr is not None
             and not tr.is_closing()
-            and self.parser.state == "head"
+            and self.parser.between_messages
         )
 
     def close(self) -> None:
@@ -351,6 +382,14 @@ class _Down(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_result(None)
         self._waiter = None
+
+    def take_end(self) -> bool:
+        """Consume a queued `MessageEnd` without waiting; whether there was one next."""
+        events = self.events
+        if events and type(events[0]) is MessageEnd:
+            events.popleft()
+            return True
+        return False
 
     async def next_event(self) -> http1.Event | None:
         """The next parsed event; None when the client is gone or done sending."""
@@ -488,8 +527,11 @@ class HttpConn:
                 return self._answer(target, t0, plan.labels) and head.keep_alive
             recorder().request(self.router.direction, target.labels or plan.labels)
             try:
-                async with asyncio.timeout_at(deadline):
+                if deadline is None:
                     up, exch, resp = await self._send(target, head, replay)
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        up, exch, resp = await self._send(target, head, replay)
             except TimeoutError:
                 self._abandon(target)
                 return await self._fail(head, target, 504, "request timed out", t0)
@@ -552,11 +594,17 @@ class HttpConn:
                 headers = target.rewrite(headers)
             tr = up.transport
             assert tr is not None  # noqa: S101 - connected by the opener
-            tr.write(http1.request_head_bytes(head.method, head.target, headers, head.version))
+            out = http1.request_head_bytes(head.method, head.target, headers, head.version)
             if replay:
-                tr.write(replay)
-            elif not self.body_done:
-                await self._stream_body(up)
+                if len(replay) <= COALESCE_LIMIT:
+                    tr.write(out + replay)
+                else:
+                    tr.writelines((out, replay))
+            else:
+                tr.write(out)
+            if not replay and not self.body_done:
+                if not (head.framing is Framing.NONE and self.down.take_end()):
+                    await self._stream_body(up)
                 self.body_done = True
             try:
                 resp = await exch.head
@@ -570,6 +618,10 @@ class HttpConn:
         raise UpstreamError("upstream", "pooled connections keep failing")
 
     async def _acquire(self, target: Target) -> tuple[UpstreamConn, bool]:
+        idle = self.pool.take(target.key)
+        if idle is not None:  # the common case: no coroutine, no closure
+            return cast("UpstreamConn", idle), True
+
         async def opener() -> UpstreamConn:
             _, proto = await target.open(UpstreamConn)
             return cast("UpstreamConn", proto)
@@ -638,15 +690,22 @@ class HttpConn:
             resp.headers, keep=_KEEP_TE if resp.framing is Framing.CHUNKED else _NO_KEEP
         )
         if not keep:
-            headers.append((b"connection", b"close"))
+            headers = [*headers, (b"connection", b"close")]
         elif head.version == b"1.0":
-            headers.append((b"connection", b"keep-alive"))
-        self._write(http1.response_head_bytes(resp.status, headers, resp.reason or None))
+            headers = [*headers, (b"connection", b"keep-alive")]
+        out = http1.response_head_bytes(resp.status, headers, resp.reason or None)
+        pending = exch.pending
+        if pending and sum(map(len, pending)) <= COALESCE_LIMIT:
+            # Head and the body bytes already here leave in one write (one send, one record).
+            pending.insert(0, out)
+            out = b"".join(pending)
+            pending.clear()
+        self._write(out)
         if self._write_paused and up.transport is not None:
             up.transport.pause_reading()
         exch.forward_to(self.transport)
         try:
-            await exch.done
+            await exch.wait_end()
         except UpstreamError:
             self._end_handle(target, ok=False)
             self._drop_current()

@@ -19,10 +19,9 @@ Flow per connection (DESIGN.md "Flows", inbound):
    a socket made inside B's netns with the proxy mark (so capture skips it).
    Chosen over 127.0.0.1 as Linkerd does since 2.11 (linkerd2#6495): ports
    the app binds only on loopback are not exposed through the proxy, and apps
-   that bind the pod IP only are reachable. In eBPF mode (the supervisor sets
-   MESHAGENT_REDIRECT=ebpf for its workers) it is B's loopback instead:
-   sk_lookup cannot see the proxy mark and would steer a connection to the
-   pod IP back to the inbound listener; it never steers loopback (`app_addr`).
+   that bind the pod IP only are reachable. The same in eBPF mode: sk_lookup
+   cannot see the proxy mark, but it never steers a connection from the pod
+   to its own address (bpf/sk_lookup.c), so this one does not loop back.
 5. Until a port's policy arrives the connection waits up to
    `POLICY_WAIT_S`, then the node's default policy applies
    (`NodeInfo.default_inbound_policy`, Linkerd's `all-unauthenticated` by
@@ -37,7 +36,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +43,7 @@ from agent.errors import AgentError
 from agent.identity.tls import peer_identity
 from agent.policy.authorize import Decision, Facts, authorize
 from agent.policy.model import ProxyProtocol, ServerPolicy
-from agent.proxy import http1, httpproxy, tcp
+from agent.proxy import h2route, http1, httpproxy, tcp
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NEED_MORE, NeedMore, Protocol, detect, is_tls_client_hello, parse_sni
 from agent.proxy.plane import Guard, Plane, plane_of, read_prefix
@@ -68,8 +66,6 @@ POD_WAIT_S = 2.0
 TLS_SNIFF_TIMEOUT_S = 10.0
 OPAQUE_SNIFF_TIMEOUT_S = 1.0  # server-speaks-first apps on opaque ports wait this long at most
 HANDSHAKE_TIMEOUT_S = 10.0
-
-ENV_REDIRECT = "MESHAGENT_REDIRECT"
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -160,6 +156,32 @@ def deny_answer(decision: Decision, headers: http1.Headers) -> httpproxy.Reject:
     return httpproxy.reject(decision.http_status, message)
 
 
+class AuthzCache:
+    """Decisions of one connection's requests, reused while the policy object is the same.
+
+    `authorize` is pure and a connection's client facts (address, identity, TLS)
+    never change, so a decision depends only on the policy value, the port and
+    the method and target; the metric labels are merged once per decision.
+    """
+
+    __slots__ = ("_entries",)
+    MAX_ENTRIES = 64
+
+    def __init__(self) -> None:
+        self._entries: dict[Hashable, tuple[ServerPolicy, Decision, dict[str, str]]] = {}
+
+    def get(
+        self, key: Hashable, policy: ServerPolicy
+    ) -> tuple[ServerPolicy, Decision, dict[str, str]] | None:
+        hit = self._entries.get(key)
+        return hit if hit is not None and hit[0] is policy else None
+
+    def put(self, key: Hashable, entry: tuple[ServerPolicy, Decision, dict[str, str]]) -> None:
+        if len(self._entries) >= self.MAX_ENTRIES:
+            self._entries.clear()
+        self._entries[key] = entry
+
+
 def authorize_request(  # noqa: PLR0913 - the facts of one request
     worker: Worker,
     policy_key: Hashable,
@@ -170,11 +192,23 @@ def authorize_request(  # noqa: PLR0913 - the facts of one request
     tls: bool,
     port: int,
     labels: dict[str, str],
+    cache: AuthzCache | None = None,
 ) -> httpproxy.Reject | None:
-    """Authorize one HTTP request with the current policy: None if allowed, else the answer."""
+    """Authorize one HTTP request with the current policy: None if allowed, else the answer.
+
+    With `cache` (one per client connection: same client facts), a decision for the
+    same policy object, port, method and target is reused.
+    """
     policy = worker.state.get(policy_key)
     if not isinstance(policy, ServerPolicy):
         policy = default_policy(worker) if policy is None else ServerPolicy.invalid()
+    ckey = (policy_key, head.method, head.target)
+    if cache is not None:
+        hit = cache.get(ckey, policy)
+        if hit is not None:
+            decision = hit[1]
+            recorder().authz(hit[2], allowed=decision.allowed, http=True)
+            return None if decision.allowed else deny_answer(decision, head.headers)
     facts = Facts(
         client_ip=client_ip,
         client_identity=identity,
@@ -184,16 +218,17 @@ def authorize_request(  # noqa: PLR0913 - the facts of one request
         path=path_of(head.target),
     )
     decision = authorize(policy, facts)
-    recorder().authz({**labels, **decision.labels()}, allowed=decision.allowed, http=True)
+    merged = {**labels, **decision.labels()}
+    if cache is not None:
+        cache.put(ckey, (policy, decision, merged))
+    recorder().authz(merged, allowed=decision.allowed, http=True)
     if decision.allowed:
         return None
     return deny_answer(decision, head.headers)
 
 
 def app_addr(pod: PodInfo, port: int) -> tuple[str, int]:
-    """Where B's app is reached from B's netns (rule 4): pod IP, or loopback in eBPF mode."""
-    if os.environ.get(ENV_REDIRECT) == "ebpf":
-        return ("127.0.0.1", port)
+    """Where B's app is reached from B's netns (rule 4): B's pod IP, in both capture modes."""
     return (pod.ip, port)
 
 
@@ -235,6 +270,8 @@ class InboundRouter:
         self.labels = _labels(pod, port, identity, tls=tls)
         self.target = app_target(worker, pod, port, identity)
         self.target.labels = self.labels
+        self.authz_cache = AuthzCache()
+        self._plan = httpproxy.Plan(choose=self._choose, labels=self.labels)  # never mutated
 
     async def plan(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
         denied = authorize_request(
@@ -246,10 +283,11 @@ class InboundRouter:
             tls=self.tls,
             port=self.port,
             labels=self.labels,
+            cache=self.authz_cache,
         )
         if denied is not None:
             return denied
-        return httpproxy.Plan(choose=self._choose, labels=self.labels)
+        return self._plan
 
     async def _choose(self, attempt: int) -> httpproxy.Target:  # noqa: ARG002 - Plan API
         return self.target
@@ -445,5 +483,8 @@ async def _serve(  # noqa: PLR0913 - the facts of one connection
         )
         await httpproxy.serve(transport, router, plane_of(conn.worker).pool, prefix, eof=eof)
         return
-    # Opaque TCP, HTTP/2 (relayed whole for now) or a detect timeout: authorize once.
+    if proto is Protocol.HTTP2:  # authorized per stream (agent.proxy.h2route)
+        await h2route.serve_inbound(conn, transport, pod, port, facts, prefix, eof=eof)
+        return
+    # Opaque TCP or a detect timeout: authorize once.
     await relay_to_app(conn, transport, pod, port, facts, prefix=prefix, eof=eof)

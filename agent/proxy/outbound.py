@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
 from agent.policy.authorize import Facts
-from agent.proxy import http1, httpproxy, inbound
+from agent.proxy import h2route, http1, httpproxy, inbound
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NeedMore, Protocol, detect
 from agent.proxy.plane import DstEntry, plane_of, read_prefix
@@ -138,6 +138,10 @@ class OutboundRouter:
         self.dst = dst
         self.client_ip = ipaddress.ip_address(src.ip) if src is not None else None
         self.loop = asyncio.get_running_loop()
+        # Per-connection caches (the source pod and client facts never change on a connection):
+        self._labels: dict[tuple[str, str | None], dict[str, str]] = {}
+        self._choices: dict[tuple[tuple[str, int], int], _Choice] = {}
+        self._authz = inbound.AuthzCache()
 
     async def plan(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
         key: tuple[str, str] = self.key
@@ -159,9 +163,16 @@ class OutboundRouter:
             route = match_route(
                 dst.profile, head.method.decode("latin-1"), inbound.path_of(head.target)
             )
-        labels = {"direction": DIRECTION, "authority": dst.authority or key[1]}
-        if route is not None:
-            labels["rt_route"] = route.name
+        authority = dst.authority or key[1]
+        lkey = (authority, route.name if route is not None else None)
+        labels = self._labels.get(lkey)
+        if labels is None:  # the same dict each time: the recorder keys series by its items
+            labels = {"direction": DIRECTION, "authority": authority}
+            if route is not None:
+                labels["rt_route"] = route.name
+            if len(self._labels) >= _CACHE_MAX:
+                self._labels.clear()
+            self._labels[lkey] = labels
 
         tried: list[tuple[str, int]] = []  # endpoints this request already tried
 
@@ -188,45 +199,122 @@ class OutboundRouter:
             return httpproxy.reject(503, f"no endpoints for {labels['authority']}")
         ep = handle.endpoint
         tried.append(ep.addr)
-        try:
-            hop = hop_for(self.worker, self.src, self.netns, ep)
-        except UpstreamError as exc:
+        choice = self._choice(ep, labels)
+        if isinstance(choice, UpstreamError):
             handle.done(self.loop.time(), ok=False)
-            return httpproxy.reject(exc.status, str(exc))
-        rewrite = None
+            return httpproxy.reject(choice.status, str(choice))
+        hop = choice.hop
         if hop.kind == "local":
-            denied = self._authorize_local(hop, head)
+            denied = self._authorize_local(choice, head)
             if denied is not None:
                 handle.cancel()
                 return denied
-            identity = self.src.identity if self.src is not None else None
-            rewrite = _client_id(identity)
         return httpproxy.Target(
             key=hop.key,
-            open=_opener(self.worker, hop),
-            rewrite=rewrite,
+            open=choice.open,
+            rewrite=choice.rewrite,
             handle=handle,
-            labels={**labels, "dst_addr": f"{ep.addr[0]}:{ep.addr[1]}", "hop": hop.kind},
+            labels=choice.labels,
         )
 
-    def _authorize_local(self, hop: _Hop, head: http1.RequestHead) -> httpproxy.Reject | None:
+    def _choice(self, ep: Endpoint, labels: dict[str, str]) -> _Choice | UpstreamError:
+        """The hop to `ep` and what a Target needs, reused while the state it read is the same."""
+        state = self.worker.state
+        peer_key = state.get((POD_IP, ep.addr[0]))
+        peer = state.get((POD, peer_key)) if peer_key is not None else None
+        src = self.src
+        material = (
+            state.get((TLS, src.identity))
+            if src is not None and ep.tls_identity is not None
+            else None
+        )
+        ckey = (ep.addr, id(labels))
+        got = self._choices.get(ckey)
+        if (
+            got is not None
+            and got.ep is ep
+            and got.base is labels
+            and got.peer is peer
+            and got.material is material
+            and (material is None or material.not_after > time.time())
+        ):
+            return got
+        try:
+            hop = hop_for(self.worker, src, self.netns, ep)
+        except UpstreamError as exc:
+            return exc
+        rewrite = None
+        if hop.kind == "local":
+            rewrite = _client_id(src.identity if src is not None else None)
+        got = _Choice(
+            ep=ep,
+            base=labels,
+            peer=peer,
+            material=material,
+            hop=hop,
+            open=_opener(self.worker, hop),
+            rewrite=rewrite,
+            labels={**labels, "dst_addr": f"{ep.addr[0]}:{ep.addr[1]}", "hop": hop.kind},
+        )
+        if len(self._choices) >= _CACHE_MAX:
+            self._choices.clear()
+        self._choices[ckey] = got
+        return got
+
+    def _authorize_local(self, choice: _Choice, head: http1.RequestHead) -> httpproxy.Reject | None:
+        hop = choice.hop
         peer = hop.peer
         assert peer is not None  # noqa: S101 - set for local hops
         src = self.src
         identity = src.identity if src is not None else None
         client_ip = self.client_ip or ipaddress.ip_address("0.0.0.0")
         port = hop.addr[1]
-        labels = {"direction": "inbound", "namespace": peer.namespace, "pod": peer.name}
+        if choice.authz is None:
+            labels = {"direction": "inbound", "namespace": peer.namespace, "pod": peer.name}
+            choice.authz = ((POLICY, peer.key, port), labels)
+        policy_key, labels = choice.authz
         return inbound.authorize_request(
             self.worker,
-            (POLICY, peer.key, port),
+            policy_key,
             head,
             client_ip=client_ip,
             identity=identity,
             tls=identity is not None,
             port=port,
             labels=labels,
+            cache=self._authz,
         )
+
+
+_CACHE_MAX = 64  # entries per connection cache; cleared whole when full
+
+
+class _Choice:
+    """A resolved hop to one endpoint, valid while `ep`, `base`, `peer`, `material` are."""
+
+    __slots__ = ("authz", "base", "ep", "hop", "labels", "material", "open", "peer", "rewrite")
+
+    def __init__(  # noqa: PLR0913 - plain record
+        self,
+        *,
+        ep: Endpoint,
+        base: dict[str, str],
+        peer: Any,
+        material: Any,
+        hop: _Hop,
+        open: httpproxy.Opener,  # noqa: A002 - the Target field's name
+        rewrite: Any,
+        labels: dict[str, str],
+    ) -> None:
+        self.ep = ep
+        self.base = base
+        self.peer = peer
+        self.material = material
+        self.hop = hop
+        self.open = open
+        self.rewrite = rewrite
+        self.labels = labels
+        self.authz: tuple[tuple[str, str, int], dict[str, str]] | None = None  # local hops
 
 
 def _client_id(identity: str | None) -> Any:
@@ -284,6 +372,9 @@ async def handle(conn: Conn) -> None:
     if proto is Protocol.HTTP1:
         router = OutboundRouter(conn, src, key, dst)
         await httpproxy.serve(conn.transport, router, plane_of(worker).pool, prefix, eof=eof)
+        return
+    if proto is Protocol.HTTP2:  # per stream (agent.proxy.h2route)
+        await h2route.serve_outbound(conn, src, key, dst, prefix, eof=eof)
         return
     await _relay_endpoint(conn, src, key, dst, prefix, eof=eof)
 

@@ -195,6 +195,8 @@ class TlsTransport(asyncio.Transport):
                     self.close()
                 break
             proto.data_received(data)
+            if not self._in.pending and not self._obj.pending() and not self._in.eof:
+                break  # nothing left to decrypt: skip the read that would raise SSLWantReadError
         self._flush()
 
     def _flush(self) -> None:
@@ -246,8 +248,16 @@ class TlsTransport(asyncio.Transport):
         self._flush()
 
     def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
-        for data in list_of_data:
-            self.write(data)
+        """Encrypt every buffer, then hand the records to the raw transport in one write."""
+        if self._closing or self._lost or self._eof_sent:
+            return
+        try:
+            for data in list_of_data:
+                self._obj.write(data)
+        except (ssl.SSLError, OSError):
+            self.abort()
+            return
+        self._flush()
 
     def can_write_eof(self) -> bool:
         return self._done.done() and not self._lost

@@ -525,3 +525,113 @@ def test_input_of_only_blank_lines_waits_quietly_and_closes_cleanly():
     assert parser.feed(b"\r\n\r\n") == []
     assert parser.state == "head"
     assert parser.feed_eof() == []
+
+
+# --- fast paths (head cache, whole-message feeds) give what the full parser gives ---
+
+GET = b"GET /fast HTTP/1.1\r\nHost: fastpath.test\r\nAccept: */*\r\n\r\n"
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello"
+
+
+def _bytes(ev: object) -> bytes:
+    assert isinstance(ev, BodyData)
+    return bytes(ev.data)
+
+
+def test_repeated_request_parses_like_the_first_and_gets_its_own_header_list() -> None:
+    parser = RequestParser()
+    first = parser.feed(GET)
+    second = parser.feed(GET)  # the head is cached now: the fast path answers
+    for events in (first, second):
+        assert len(events) == 2
+        head, end = events
+        assert isinstance(head, RequestHead)
+        assert isinstance(end, MessageEnd)
+        assert (head.method, head.target, head.framing, head.keep_alive) == (
+            b"GET",
+            b"/fast",
+            Framing.NONE,
+            True,
+        )
+    head1, head2 = first[0], second[0]
+    assert isinstance(head1, RequestHead)
+    assert isinstance(head2, RequestHead)
+    assert head1.headers == head2.headers
+    head2.headers.append((b"X-Mutated", b"1"))
+    third = parser.feed(GET)[0]
+    assert isinstance(third, RequestHead)
+    assert (b"X-Mutated", b"1") not in third.headers
+    assert parser.state == "head"
+
+
+def test_cached_request_with_connection_close_ends_the_parser() -> None:
+    close = b"GET /bye HTTP/1.1\r\nHost: fastpath.test\r\nConnection: close\r\n\r\n"
+    RequestParser().feed(close)  # cache it
+    parser = RequestParser()
+    events = parser.feed(close)
+    head = events[0]
+    assert isinstance(head, RequestHead)
+    assert head.keep_alive is False
+    assert parser.state == "closed"
+    assert parser.feed(GET) == []  # later input is ignored
+
+
+def test_cached_head_over_a_smaller_parser_limit_is_still_rejected() -> None:
+    big = b"GET / HTTP/1.1\r\nHost: fastpath.test\r\nX-Pad: " + b"a" * 300 + b"\r\n\r\n"
+    RequestParser().feed(big)  # cached by a parser with the default limit
+    events = RequestParser(max_head=100).feed(big)
+    assert len(events) == 1
+    assert isinstance(events[0], ProtocolError)
+    assert events[0].status == 431
+
+
+def test_repeated_response_keeps_its_body_and_a_head_request_gets_none() -> None:
+    parser = ResponseParser()
+    for _ in range(3):
+        parser.expect(b"GET")
+        head, body, end = parser.feed(OK)
+        assert isinstance(head, ResponseHead)
+        assert (head.status, head.framing, head.content_length) == (200, Framing.CONTENT_LENGTH, 5)
+        assert _bytes(body) == b"hello"
+        assert isinstance(end, MessageEnd)
+    parser.expect(b"HEAD")
+    head_only = OK[: -len(b"hello")]
+    events = parser.feed(head_only)
+    assert len(events) == 2
+    assert isinstance(events[0], ResponseHead)
+    assert events[0].framing is Framing.NONE
+    assert isinstance(events[1], MessageEnd)
+    assert parser.state == "head"
+
+
+def test_cached_response_split_or_followed_by_more_bytes_takes_the_full_parser() -> None:
+    parser = ResponseParser()
+    parser.expect(b"GET")
+    parser.feed(OK)  # cache the head
+    parser.expect(b"GET")
+    parser.expect(b"GET")
+    events = parser.feed(OK + OK[:20])  # one whole response and the start of the next
+    assert [type(e) for e in events] == [ResponseHead, BodyData, MessageEnd]
+    assert _bytes(events[1]) == b"hello"
+    rest = parser.feed(OK[20:])
+    assert [type(e) for e in rest] == [ResponseHead, BodyData, MessageEnd]
+    assert _bytes(rest[1]) == b"hello"
+
+
+def test_response_without_a_request_is_an_error_even_when_cached() -> None:
+    warm = ResponseParser()
+    warm.expect(b"GET")
+    warm.feed(OK)
+    events = ResponseParser().feed(OK)
+    assert len(events) == 1
+    assert isinstance(events[0], ProtocolError)
+    assert events[0].status == 502
+
+
+def test_strip_hop_by_hop_returns_the_same_list_only_when_nothing_goes() -> None:
+    clean = [(b"Host", b"a"), (b"Accept", b"*/*"), (b"Content-Length", b"2")]
+    assert strip_hop_by_hop(clean) is clean
+    dirty = [(b"Host", b"a"), (b"Proxy-Authorization", b"x"), (b"Pragma", b"no-cache")]
+    assert strip_hop_by_hop(dirty) == [(b"Host", b"a"), (b"Pragma", b"no-cache")]
+    named = [(b"Connection", b"x-hop"), (b"X-Hop", b"1"), (b"Host", b"a")]
+    assert strip_hop_by_hop(named) == [(b"Host", b"a")]
