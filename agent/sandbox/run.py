@@ -850,7 +850,9 @@ def hints(info: dict[str, Any]) -> str:
     call = example_call(_load_state() or {})
     if call is not None:
         pod, url = call
-        lines.append(f"  ip netns exec {pod['netns']} curl -s {url}   # from {pod['name']}")
+        # `sandbox exec` joins the pod's cgroup too: eBPF capture applies per cgroup,
+        # so a plain `ip netns exec` from the host would bypass the mesh.
+        lines.append(f"  meshagent sandbox exec {pod['namespace']}/{pod['name']} -- curl -s {url}")
     lines += ["  meshagent sandbox status", "  meshagent sandbox view        # live traffic"]
     if info.get("agents"):
         lines += ["  meshagent redirects list", "  meshagent stat"]

@@ -317,11 +317,46 @@ def test_up_prints_progress_and_hints_that_work(sandbox):
         assert "meshagent stat" in out
         for agent in sandbox["agents"]:
             assert f"curl {agent['admin_url']}/metrics" in out
-    hinted = next(ln.split() for ln in out.splitlines() if ln.strip().startswith("ip netns exec"))
-    netns, url = hinted[3], hinted[6]
-    pod = next(p for p in sandbox["pods"] if p["netns"] == netns)
-    code, body = _curl(pod, url)
-    assert code in (200, 403), (url, code, body)  # an answer through the mesh (policy decides)
+    hinted = next(
+        ln.split() for ln in out.splitlines() if ln.strip().startswith("meshagent sandbox exec")
+    )
+    assert hinted[4:7] == ["--", "curl", "-s"], hinted
+    res = _meshagent(
+        "sandbox",
+        "exec",
+        hinted[3],
+        "--",
+        "curl",
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        hinted[7],
+        timeout=30,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout in ("200", "403"), res  # an answer through the mesh (policy decides)
+
+
+def test_sandbox_exec_runs_in_the_pods_cgroup_so_ebpf_capture_applies(sandbox):
+    """web -> api through `sandbox exec`: the mesh answers with web's identity in every mode."""
+    web = _pod(sandbox, "web")
+    res = _meshagent(
+        "sandbox",
+        "exec",
+        f"shop/{web['name']}",
+        "--",
+        "curl",
+        "-s",
+        "http://api.shop.svc.cluster.local:8080/exec",
+        timeout=30,
+    )
+    assert res.returncode == 0, res.stderr
+    body = json.loads(res.stdout)
+    if sandbox["agents"]:
+        assert body["client_id"] == "web.shop.serviceaccount.identity.linkerd.cluster.local"
+    assert body["path"] == "/exec"
 
 
 def test_view_runs_on_the_running_sandbox_and_leaves_it_up(sandbox):
