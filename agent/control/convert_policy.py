@@ -20,7 +20,7 @@ whose rules 1, 3 and 4 apply here (linkerd2-proxy
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.control.convert import (
     FieldError,
@@ -33,7 +33,7 @@ from agent.errors import InvalidResource
 from agent.policy import model as pm
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from agent._proto import grpc_route_pb2, http_route_pb2, inbound_pb2, meta_pb2
 
@@ -230,6 +230,15 @@ def _route_common(
 def _http_route(
     msg: inbound_pb2.HttpRoute, server_authzs: tuple[pm.Authorization, ...]
 ) -> pm.HttpRoute | None:
+    return _route(msg, server_authzs, http_route_match)
+
+
+def _route(
+    msg: inbound_pb2.HttpRoute | inbound_pb2.GrpcRoute,
+    server_authzs: tuple[pm.Authorization, ...],
+    match: Callable[[Any], pm.HttpRouteMatch],
+) -> pm.HttpRoute | None:
+    """An HTTP or gRPC route: its rules' matches (converted by `match`) and authorizations."""
     meta, authzs = _route_common(msg, server_authzs)
     matches: list[pm.HttpRouteMatch] = []
     for i, rule in enumerate(msg.rules):
@@ -239,8 +248,7 @@ def _http_route(
             # A rule without matches matches every request.
             return pm.HttpRoute(meta=meta, authorizations=authzs)
         matches.extend(
-            at_field(f"rules[{i}].matches[{j}]", http_route_match, m)
-            for j, m in enumerate(rule.matches)
+            at_field(f"rules[{i}].matches[{j}]", match, m) for j, m in enumerate(rule.matches)
         )
     if not matches:
         return None  # no rules: the route matches no request
@@ -284,20 +292,7 @@ def _grpc_routes(
 def _grpc_route(
     msg: inbound_pb2.GrpcRoute, server_authzs: tuple[pm.Authorization, ...]
 ) -> pm.HttpRoute | None:
-    meta, authzs = _route_common(msg, server_authzs)
-    matches: list[pm.HttpRouteMatch] = []
-    for i, rule in enumerate(msg.rules):
-        if rule.filters:
-            raise FieldError(f"rules[{i}].filters", "route filters are not supported")
-        if not rule.matches:
-            return pm.HttpRoute(meta=meta, authorizations=authzs)
-        matches.extend(
-            at_field(f"rules[{i}].matches[{j}]", grpc_route_match, m)
-            for j, m in enumerate(rule.matches)
-        )
-    if not matches:
-        return None
-    return pm.HttpRoute(meta=meta, matches=tuple(matches), authorizations=authzs)
+    return _route(msg, server_authzs, grpc_route_match)
 
 
 def grpc_route_match(msg: grpc_route_pb2.GrpcRouteMatch) -> pm.HttpRouteMatch:
