@@ -241,7 +241,8 @@ def _route(
     """An HTTP or gRPC route: its rules' matches (converted by `match`) and authorizations."""
     meta, authzs = _route_common(msg, server_authzs)
     matches: list[pm.HttpRouteMatch] = []
-    for i, rule in enumerate(msg.rules):
+    rules: Sequence[Any] = msg.rules  # HttpRoute.Rule or GrpcRoute.Rule: same shape
+    for i, rule in enumerate(rules):
         if rule.filters:
             raise FieldError(f"rules[{i}].filters", "route filters are not supported")
         if not rule.matches:
