@@ -194,7 +194,17 @@ Cell = Counter | Gauge | Histogram
 class HttpSeries:
     """request/response counters and latency of one label set (endpoint or route)."""
 
-    __slots__ = ("_base", "_latency", "_m", "_names", "_responses", "requests")
+    __slots__ = (
+        "_base",
+        "_last_cells",
+        "_last_status",
+        "_last_success",
+        "_latency",
+        "_m",
+        "_names",
+        "_responses",
+        "requests",
+    )
 
     def __init__(self, m: WorkerMetrics, base: Labels, names: tuple[str, str, str]) -> None:
         self._m = m
@@ -203,6 +213,10 @@ class HttpSeries:
         self.requests = m.counter(names[0], base)
         self._responses: dict[tuple[int, bool], Counter] = {}
         self._latency: dict[int, Histogram] = {}
+        # The cells of the last (status, success) seen: most responses repeat it.
+        self._last_status = -1
+        self._last_success = False
+        self._last_cells: tuple[Counter, Histogram] | None = None
 
     def request(self) -> None:
         """A request stream began."""
@@ -210,14 +224,17 @@ class HttpSeries:
 
     def response(self, status: int, latency_ms: float, success: bool) -> None:
         """A response ended: `status`, time to first byte in ms, classification."""
-        key = (status, success)
-        counter = self._responses.get(key)
-        if counter is None:
-            counter = self._new_response(key)
+        cells = self._last_cells
+        if cells is not None and status == self._last_status and success is self._last_success:
+            counter, hist = cells
+        else:
+            key = (status, success)
+            counter = self._responses.get(key) or self._new_response(key)
+            hist = self._latency.get(status) or self._new_latency(status)
+            self._last_status = status
+            self._last_success = success
+            self._last_cells = (counter, hist)
         counter.value += 1
-        hist = self._latency.get(status)
-        if hist is None:
-            hist = self._new_latency(status)
         hist.counts[bisect_left(hist.bounds, latency_ms)] += 1
         hist.total += latency_ms
 

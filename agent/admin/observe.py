@@ -22,8 +22,10 @@ Rules:
    closed when its handler ends (`conn_end`), with its errno if it failed.
    Bytes are counted for relays only.
 4. Every label set is interned once per (pod, direction, labels); a call then
-   costs a dict lookup and integer additions. Nothing here raises into the
-   data path: a failure is logged once per kind and the event dropped.
+   costs a dict lookup and integer additions (on an HTTP connection, one
+   lookup by the label dict's identity in the connection's own cache).
+   Nothing here raises into the data path: a failure is logged once per
+   kind and the event dropped.
 5. Reports: a `Metrics` snapshot every `REPORT_S` and at drain. Tap: only
    while the supervisor's `("tap",)` state names the pod (or "*"), responses
    become events in a bounded ring (`TAP_RING`; the oldest are dropped and
@@ -74,16 +76,27 @@ _SVC_AUTHORITY = re.compile(r"^([^.]+)\.([^.]+)\.svc\.[^:]*:(\d+)$")
 
 
 class _Open:
-    """A connection counted as open in `series` since `t0` (monotonic seconds)."""
+    """A connection counted as open in `series` since `t0` (monotonic seconds).
 
-    __slots__ = ("series", "t0")
+    `http` and `authz` cache the connection's resolved HTTP series and authz
+    counters by the identity of the label dict the data path passed (routers
+    reuse one dict per label set), so a request costs one lookup; valid while
+    `gen` is the observer's generation.
+    """
 
-    def __init__(self, series: TcpSeries, t0: float) -> None:
+    __slots__ = ("authz", "gen", "http", "series", "t0")
+
+    def __init__(self, series: TcpSeries, t0: float, gen: int = 0) -> None:
         self.series = series
         self.t0 = t0
+        self.gen = gen
+        self.http: dict[int, tuple[Labels, str, list[HttpSeries]]] = {}
+        self.authz: dict[int, tuple[Labels, bool, bool, Counter]] = {}
 
 
 _CLOSED = object()
+_TAP_KEY = (TAP,)
+_CONN_CACHE_MAX = 64  # label sets cached per connection (cleared when full)
 
 
 def _addr(text: str) -> tuple[str, int] | None:
@@ -114,14 +127,13 @@ class Observer:
         self.tap_ring: deque[dict[str, Any]] = deque(maxlen=TAP_RING)
         self.tap_dropped = 0
         self._failed: set[str] = set()
+        self._gen = 0  # bumped when interned series are dropped (per-connection caches)
 
     # --- Recorder -----------------------------------------------------------------
 
     def request(self, direction: str, labels: Labels) -> None:
         try:
-            conn = record.CONN.get()
-            self._conn_open(conn, direction, labels)
-            for series in self._http_series(conn, direction, labels):
+            for series in self._conn_http(record.CONN.get(), direction, labels):
                 series.requests.value += 1
         except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
             self._fail(exc, "request")
@@ -131,11 +143,11 @@ class Observer:
     ) -> None:
         try:
             conn = record.CONN.get()
-            self._conn_open(conn, direction, labels)
             latency_ms = latency_s * 1000.0
-            for series in self._http_series(conn, direction, labels):
-                series.response(status, latency_ms, not failure)
-            taps = self.worker.state.get((TAP,))
+            success = not failure
+            for series in self._conn_http(conn, direction, labels):
+                series.response(status, latency_ms, success)
+            taps = self.worker.state.get(_TAP_KEY)
             if taps:
                 self._tap(
                     taps,
@@ -154,7 +166,7 @@ class Observer:
             series = self._tcp_series(conn, direction, labels)
             series.open()
             if conn is not None and conn.obs is None:
-                conn.obs = _Open(series, time.monotonic())
+                conn.obs = _Open(series, time.monotonic(), self._gen)
         except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
             self._fail(exc, "tcp_open")
 
@@ -177,11 +189,27 @@ class Observer:
     def authz(self, labels: Labels, *, allowed: bool, http: bool) -> None:
         try:
             conn = record.CONN.get()
+            obs = conn.obs if conn is not None else None
+            cache = None
+            if type(obs) is _Open:  # the connection's own cache (as in `_conn_http`)
+                if obs.gen != self._gen:
+                    obs.http.clear()
+                    obs.authz.clear()
+                    obs.gen = self._gen
+                cache = obs.authz
+                hit = cache.get(id(labels))
+                if hit is not None and hit[0] is labels and hit[1] is http and hit[2] is allowed:
+                    hit[3].value += 1
+                    return
             key = (http, allowed, tuple(labels.items()), conn.listener.pod if conn else "")
             counter = self._authz.get(key)
             if counter is None:
                 counter = self._authz[key] = self._authz_counter(conn, labels, allowed, http)
             counter.value += 1
+            if cache is not None:
+                if len(cache) >= _CONN_CACHE_MAX:
+                    cache.clear()
+                cache[id(labels)] = (labels, http, allowed, counter)
         except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
             self._fail(exc, "authz")
 
@@ -242,12 +270,37 @@ class Observer:
             self.m.forget_pod(ns, name)
             del self._pods[key]
         if gone:  # re-intern everything (the recorder's caches may name them)
+            self._gen += 1
             self._http.clear()
             self._tcp.clear()
             self._authz.clear()
         return gone
 
     # --- label sets --------------------------------------------------------------------
+
+    def _conn_http(self, conn: Conn | None, direction: str, labels: Labels) -> list[HttpSeries]:
+        """Rule 3's open, then the HTTP series of `labels`: cached on the connection."""
+        if conn is None:
+            return self._http_series(conn, direction, labels)
+        obs = conn.obs
+        if obs is None:
+            self._conn_open(conn, direction, labels)
+            obs = conn.obs
+        if type(obs) is not _Open:
+            return self._http_series(conn, direction, labels)
+        cache = obs.http
+        if obs.gen != self._gen:
+            cache.clear()
+            obs.authz.clear()
+            obs.gen = self._gen
+        hit = cache.get(id(labels))
+        if hit is not None and hit[0] is labels and hit[1] == direction:
+            return hit[2]
+        found = self._http_series(conn, direction, labels)
+        if len(cache) >= _CONN_CACHE_MAX:
+            cache.clear()
+        cache[id(labels)] = (labels, direction, found)
+        return found
 
     def _http_series(self, conn: Conn | None, direction: str, labels: Labels) -> list[HttpSeries]:
         pod_key = self._own_pod(conn, labels) if direction == "inbound" else _conn_pod(conn)
@@ -342,7 +395,7 @@ class Observer:
             return
         series = self._tcp_series(conn, direction, labels)
         series.open()
-        conn.obs = _Open(series, time.monotonic())
+        conn.obs = _Open(series, time.monotonic(), self._gen)
 
     def _tcp_series(self, conn: Conn | None, direction: str, labels: Labels) -> TcpSeries:
         if direction == "inbound":

@@ -111,7 +111,8 @@ class Handle:
         accrual = stats.accrual
         before = accrual.state
         accrual.record(now, ok, self._rng, probe=self.probe)
-        self._balancer._health_changed(stats, before)  # noqa: SLF001 - same module
+        if accrual.state is not before:
+            self._balancer._health_changed(stats, before)  # noqa: SLF001 - same module
 
     def cancel(self) -> None:
         """The request ended without an outcome: release it, record nothing."""

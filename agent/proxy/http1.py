@@ -105,6 +105,7 @@ class ResponseHead:
     keep_alive: bool
     framing: Framing
     content_length: int | None = None
+    raw: bytes = b""  # the head as received, without its blank line (b"": not parsed)
 
 
 @dataclass(slots=True)
@@ -486,6 +487,7 @@ def _copy_response(h: ResponseHead) -> ResponseHead:
         keep_alive=h.keep_alive,
         framing=h.framing,
         content_length=h.content_length,
+        raw=h.raw,
     )
 
 
@@ -719,6 +721,7 @@ class ResponseParser(_Parser):
             keep_alive=keep_alive,
             framing=framing,
             content_length=content_length,
+            raw=block,
         )
 
 

@@ -689,17 +689,28 @@ class HttpConn:
         headers = http1.strip_hop_by_hop(
             resp.headers, keep=_KEEP_TE if resp.framing is Framing.CHUNKED else _NO_KEEP
         )
-        if not keep:
-            headers = [*headers, (b"connection", b"close")]
-        elif head.version == b"1.0":
-            headers = [*headers, (b"connection", b"keep-alive")]
-        out = http1.response_head_bytes(resp.status, headers, resp.reason or None)
+        if (
+            headers is resp.headers
+            and keep
+            and head.version == b"1.1"
+            and resp.version == b"1.1"
+            and resp.reason
+            and resp.raw
+        ):
+            # Nothing to change: forward the head as received (no rebuild).
+            parts: list[bytes | memoryview] = [resp.raw, b"\r\n\r\n"]
+        else:
+            if not keep:
+                headers = [*headers, (b"connection", b"close")]
+            elif head.version == b"1.0":
+                headers = [*headers, (b"connection", b"keep-alive")]
+            parts = [http1.response_head_bytes(resp.status, headers, resp.reason or None)]
         pending = exch.pending
         if pending and sum(map(len, pending)) <= COALESCE_LIMIT:
             # Head and the body bytes already here leave in one write (one send, one record).
-            pending.insert(0, out)
-            out = b"".join(pending)
+            parts += pending
             pending.clear()
+        out = b"".join(parts)
         self._write(out)
         if self._write_paused and up.transport is not None:
             up.transport.pause_reading()

@@ -635,3 +635,14 @@ def test_strip_hop_by_hop_returns_the_same_list_only_when_nothing_goes() -> None
     assert strip_hop_by_hop(dirty) == [(b"Host", b"a"), (b"Pragma", b"no-cache")]
     named = [(b"Connection", b"x-hop"), (b"X-Hop", b"1"), (b"Host", b"a")]
     assert strip_hop_by_hop(named) == [(b"Host", b"a")]
+
+
+def test_response_head_keeps_its_received_bytes_for_unchanged_forwarding() -> None:
+    block = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A:  b\r\n"
+    for _ in range(2):  # parsed, then from the head cache (fast path)
+        p = ResponseParser()
+        p.expect(b"GET")
+        evs = p.feed(block + b"\r\nhi")
+        head = evs[0]
+        assert isinstance(head, ResponseHead)
+        assert head.raw == block[:-2]

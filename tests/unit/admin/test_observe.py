@@ -1,0 +1,95 @@
+"""The recorder's per-connection caches keep counts exact (agent.admin.observe)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent.admin.observe import Observer
+from agent.proxy import channel as ch
+from agent.proxy import record
+from agent.proxy.listener import ListenerKind
+from agent.proxy.state import POD, PodInfo
+from agent.proxy.worker import Conn, ListenerInfo, Worker
+
+POD_KEY = "ns/web"
+
+
+def _pod() -> PodInfo:
+    return PodInfo(
+        namespace="ns", name="web", ip="10.0.0.5", netns="/x", identity="web.ns.serviceaccount"
+    )
+
+
+def _conn() -> Conn:
+    # Only the fields the recorder reads: the accepting listener and its own record.
+    conn = Conn.__new__(Conn)
+    conn.listener = ListenerInfo(
+        listener_id="in", pod=POD_KEY, kind=ListenerKind.INBOUND, netns="/x"
+    )
+    conn.obs = None
+    return conn
+
+
+def _family(obs: Observer, name: str) -> dict[Any, Any]:
+    return obs.m.snapshot().families.get(name, {})
+
+
+@pytest.fixture
+def observer() -> Observer:
+    worker = Worker(worker_id=0)
+    worker.state.apply(ch.StateUpdate(key=(POD, POD_KEY), value=_pod()))
+    return Observer(worker)
+
+
+@pytest.fixture
+def conn() -> Any:
+    c = _conn()
+    token = record.CONN.set(c)
+    yield c
+    record.CONN.reset(token)
+
+
+LABELS = {"direction": "inbound", "namespace": "ns", "pod": "web", "target_port": "80"}
+
+
+def test_requests_with_one_or_equal_label_dicts_count_into_one_series(
+    observer: Observer, conn: Any
+) -> None:
+    labels = dict(LABELS)
+    observer.request("inbound", labels)
+    observer.request("inbound", labels)
+    observer.request("inbound", dict(LABELS))  # equal content, other object
+    values = list(_family(observer, "request_total").values())
+    assert values == [3]
+
+
+def test_alternating_statuses_are_counted_apart(observer: Observer, conn: Any) -> None:
+    labels = dict(LABELS)
+    for status in (200, 503, 200, 200, 503):
+        observer.response("inbound", labels, status=status, latency_s=0.001, failure=status >= 500)
+    by_status = {dict(k)["status_code"]: v for k, v in _family(observer, "response_total").items()}
+    assert by_status == {"200": 3, "503": 2}
+
+
+def test_series_dropped_for_a_departed_pod_are_not_counted_into_from_the_cache(
+    observer: Observer, conn: Any
+) -> None:
+    labels = dict(LABELS)
+    observer.request("inbound", labels)
+    observer.worker.state.apply(ch.StateDelete(key=(POD, POD_KEY)))
+    assert observer.forget_departed() == [POD_KEY]
+    assert _family(observer, "request_total") == {}
+    observer.worker.state.apply(ch.StateUpdate(key=(POD, POD_KEY), value=_pod()))
+    observer.request("inbound", labels)  # same connection, same label dict
+    assert list(_family(observer, "request_total").values()) == [1]
+
+
+def test_authz_counts_stay_exact_with_the_connection_cache(observer: Observer, conn: Any) -> None:
+    labels = {**LABELS, "srv_kind": "server", "srv_name": "web-http"}
+    observer.request("inbound", dict(LABELS))  # opens the connection's record
+    for allowed in (True, True, False, True):
+        observer.authz(labels, allowed=allowed, http=True)
+    assert sum(_family(observer, "inbound_http_authz_allow_total").values()) == 3
+    assert sum(_family(observer, "inbound_http_authz_deny_total").values()) == 1
