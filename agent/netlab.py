@@ -558,7 +558,16 @@ def _undo_cgroup(rec: dict[str, Any]) -> None:
                 raise
             time.sleep(0.02)
         else:
+            _drop_empty_parent(path.parent)
             return
+
+
+def _drop_empty_parent(parent: Path) -> None:
+    """Remove the shared `meshagent` cgroup parent once its last lab child is gone."""
+    if parent.name != CGROUP_PARENT:
+        return
+    with contextlib.suppress(OSError):  # not empty (another lab, an agent): keep it
+        parent.rmdir()
 
 
 def _undo_link(rec: dict[str, Any]) -> None:
