@@ -11,8 +11,8 @@ Flow per connection (DESIGN.md "Flows", inbound):
    plaintext and the client unauthenticated; a ClientHello for another name
    is passed through, opaque, to the app.
 3. B's policy for the port (`("policy", pod, port)`) authorizes: opaque TCP
-   (and HTTP/2, relayed opaque for now) once per connection, a denied
-   connection is closed; HTTP/1 per request, a denied request gets 403 (gRPC:
+   once per connection, a denied connection is closed; HTTP/1 per request and
+   HTTP/2 per stream (agent.proxy.h2route), a denied request gets 403 (gRPC:
    status 7 with HTTP 200). `l5d-client-id` is set from the verified identity;
    a client-sent copy is always removed.
 4. Allowed traffic goes to B's app at B's pod IP and the original port, from

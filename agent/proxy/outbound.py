@@ -11,9 +11,9 @@ Flow per connection (DESIGN.md "Flows", outbound):
 3. HTTP/1 (agent.proxy.httpproxy): per request, `l5d-dst-override` picks the
    destination (resolved through `("dst", authority)`), the profile route
    gives timeout, retries and response classes, the destination's `Balancer`
-   picks the endpoint. No endpoints: 503. HTTP/2 prior knowledge and opaque
-   traffic: one balanced endpoint per connection, relayed byte for byte
-   (h2 is not parsed yet; it passes through intact).
+   picks the endpoint. No endpoints: 503. HTTP/2 prior knowledge
+   (agent.proxy.h2route): the same, per stream. Opaque traffic: one balanced
+   endpoint per connection, relayed byte for byte.
 4. The endpoint decides the hop:
    - on this node (`("pod-ip", ip)` names a pod here, port not skipped by it):
      no TLS and no network hop; B's inbound policy is applied here with A's
@@ -404,7 +404,7 @@ async def _relay_endpoint(  # noqa: PLR0913 - the facts of one connection
     *,
     eof: bool,
 ) -> None:
-    """Opaque (or h2) connection: one balanced endpoint for its lifetime."""
+    """Opaque connection: one balanced endpoint for its lifetime."""
     worker = conn.worker
     plane = plane_of(worker)
     loop = asyncio.get_running_loop()
