@@ -92,6 +92,7 @@ class RequestHead:
     content_length: int | None = None
     upgrade: bytes | None = None  # the Upgrade value when Connection names upgrade
     expect_continue: bool = False
+    raw: bytes = b""  # the head as received, without its blank line (b"": not parsed)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -475,6 +476,7 @@ def _copy_request(h: RequestHead) -> RequestHead:
         content_length=h.content_length,
         upgrade=h.upgrade,
         expect_continue=h.expect_continue,
+        raw=h.raw,
     )
 
 
@@ -559,6 +561,7 @@ class RequestParser(_Parser):
         if hit is not None:
             return _copy_request(hit)
         head = self._parse_request_head(block)
+        head.raw = block
         if len(block) <= _CACHE_BLOCK_MAX:
             if len(_REQUEST_HEADS) >= _CACHE_ENTRIES_MAX:
                 _REQUEST_HEADS.clear()

@@ -1,9 +1,10 @@
 """HTTP/1.1 proxying of one client connection: a thin asyncio shell over agent.proxy.http1.
 
-One coroutine per client connection (`HttpConn.serve`) reads requests in
-order and, for each, asks a `Router` where it goes (outbound: balanced
-endpoint; inbound: the app after authorization), sends it on a pooled
-keep-alive upstream connection and streams the response back.
+Each client connection has one coroutine (`HttpConn.serve`) that serves its
+requests in order and, for each, asks a `Router` where it goes (outbound:
+balanced endpoint; inbound: the app after authorization), sends it on a
+pooled keep-alive upstream connection (agent.proxy.h1upstream) and streams
+the response back. The common request is served without it (rule 7).
 
 Rules:
 1. In order: the next request is read only after the previous response was
@@ -28,12 +29,25 @@ Rules:
    upstream that breaks after the head was forwarded aborts the client too.
 6. Backpressure both ways: a slow client pauses the upstream's reading, a
    slow upstream pauses the client's reading.
+7. The callback path. A request that arrived whole (head, any body, end),
+   without upgrade, CONNECT or `Expect`, whose plan is ready at once
+   (`Router.plan_now`), has no retries and no timeout, and finds an idle
+   pooled connection is served in the protocol callbacks: written upstream
+   from the client's `data_received`, answered from the upstream's, and the
+   next queued request is taken from there. The coroutine sleeps meanwhile
+   (`parked`) and gets the connection back, with any work already decided
+   (`handoff`), for everything else. Both paths keep rules 1-6. A reused
+   connection that fails before any response byte hands the request to the
+   coroutine, which sends it again on a fresh one (as `_send` does).
+   Callbacks run in the connection's context (`ctx`), so the recorder sees
+   `record.CONN` and `record.REQUEST` as it does in the coroutine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
@@ -41,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from agent.proxy import http1
+from agent.proxy.h1upstream import HIGH_WATER, LOW_WATER, Exchange, UpstreamConn
 from agent.proxy.http1 import (
     BodyData,
     Framing,
@@ -63,12 +78,12 @@ logger = logging.getLogger(__name__)
 
 REPLAY_LIMIT = 64 * 1024
 MAX_ATTEMPTS = 5  # per request, original included; the retry budget bounds the total too
-HIGH_WATER = 256 * 1024
-LOW_WATER = 64 * 1024
 MAX_QUEUED_EVENTS = 256
 COALESCE_LIMIT = 16 * 1024  # body bytes copied to join a head in one write; more go separately
 _KEEP_TE = frozenset({b"transfer-encoding"})
 _NO_KEEP: frozenset[bytes] = frozenset()
+_HEAD_CACHE_MAX = 32  # request heads (as received -> as sent) cached per connection
+_WHOLE_PIECES_MAX = 16  # body pieces of a request the callback path takes at once
 
 Opener = Callable[[Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, Any]]]
 
@@ -97,7 +112,7 @@ class Target:
 class Plan:
     """How to serve one request: its route (retries, timeout, classes) and target choice."""
 
-    choose: Callable[[int], Awaitable[Target | Reject]]  # attempt number -> target
+    choose: Callable[[int], Target | Reject]  # attempt number -> target (no I/O, no waiting)
     route: Route | None = None
     budget: RetryBudgetState | None = None
     timeout_s: float | None = None
@@ -109,8 +124,12 @@ class Router(Protocol):
 
     direction: str
 
+    def plan_now(self, head: RequestHead) -> Plan | Reject | None:
+        """The plan for `head` or a proxy answer, if known without waiting; else None."""
+        ...
+
     async def plan(self, head: RequestHead) -> Plan | Reject:
-        """The plan for `head`, or a proxy answer."""
+        """The plan for `head`, or a proxy answer (waits for state it needs)."""
         ...
 
 
@@ -118,219 +137,11 @@ class _ClientGoneError(Exception):
     """The client vanished or sent a broken request; the connection ends."""
 
 
-# --- upstream side -------------------------------------------------------------
-
-
-class _Exchange:
-    """One request/response on an upstream connection."""
-
-    __slots__ = (
-        "done",
-        "down",
-        "ended",
-        "error",
-        "got_bytes",
-        "head",
-        "interim",
-        "interim_to",
-        "pending",
-    )
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, interim_to: asyncio.Transport | None
-    ) -> None:
-        self.head: asyncio.Future[ResponseHead] = loop.create_future()
-        # Made only when the shell must wait for the end (`wait_end`): most small
-        # responses have ended by the time their head is forwarded.
-        self.done: asyncio.Future[None] | None = None
-        self.error: UpstreamError | None = None  # a failure after the head, before the end
-        self.pending: list[bytes | memoryview] = []
-        self.down: asyncio.Transport | None = None
-        self.ended = False
-        self.got_bytes = False
-        self.interim = False
-        self.interim_to = interim_to  # the client, when it waits for `100 Continue`
-
-    def on_event(self, ev: http1.Event) -> None:
-        self.got_bytes = True
-        if isinstance(ev, BodyData):
-            if self.down is not None:
-                self.down.write(ev.data)
-            else:
-                self.pending.append(ev.data)
-        elif isinstance(ev, ResponseHead):
-            self._on_head(ev)
-        elif isinstance(ev, MessageEnd):
-            if self.interim:
-                self.interim = False
-                return
-            self.ended = True
-            done = self.done
-            if self.down is not None and done is not None and not done.done():
-                done.set_result(None)
-        elif isinstance(ev, ProtocolError):
-            self.fail(UpstreamError("upstream", f"bad response: {ev.reason}"))
-        elif isinstance(ev, Upgraded):
-            self.fail(UpstreamError("upstream", "protocol switch is not supported here"))
-        else:
-            raise AssertionError(f"BUG: unexpected response event {ev!r}")  # noqa: TRY004 - STYLE dispatch
-
-    def _on_head(self, head: ResponseHead) -> None:
-        if head.status < 200:
-            self.interim = True
-            if head.status == 100 and self.interim_to is not None:
-                self.interim_to.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        elif not self.head.done():
-            self.head.set_result(head)
-
-    def fail(self, err: UpstreamError) -> None:
-        if not self.head.done():
-            self.head.set_exception(err)
-            self.head.exception()  # whoever awaits still gets it; nobody else must
-            return
-        if self.error is not None or (self.ended and self.down is not None):
-            return  # failed already, or complete
-        self.error = err
-        done = self.done
-        if done is not None and not done.done():
-            done.set_exception(err)
-            done.exception()
-
-    async def wait_end(self) -> None:
-        """Until the forwarded response has ended.
-
-        Raises:
-            UpstreamError: the upstream failed after the head.
-        """
-        if self.error is None and not self.ended:
-            self.done = asyncio.get_running_loop().create_future()
-            await self.done
-        if self.error is not None:
-            raise self.error
-
-    def forward_to(self, down: asyncio.Transport) -> None:
-        for data in self.pending:
-            down.write(data)
-        self.pending.clear()
-        self.down = down
-
-
-class UpstreamConn(asyncio.Protocol):
-    """An upstream HTTP/1.1 connection (pooled between exchanges)."""
-
-    __slots__ = (
-        "_drain",
-        "eof",
-        "exch",
-        "idle_since",
-        "lost",
-        "parser",
-        "pool_key",
-        "transport",
-        "write_paused",
-    )
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.parser = http1.ResponseParser()
-        self.pool_key: Hashable = None
-        self.idle_since = 0.0
-        self.exch: _Exchange | None = None
-        self.lost = False
-        self.eof = False
-        self.write_paused = False
-        self._drain: asyncio.Future[None] | None = None
-
-    # protocol callbacks
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        tr = cast("asyncio.Transport", transport)
-        self.transport = tr
-        tr.set_write_buffer_limits(HIGH_WATER, LOW_WATER)
-
-    def data_received(self, data: bytes) -> None:
-        exch = self.exch
-        if exch is None:  # bytes between exchanges: the connection is unusable
-            self.lost = True
-            if self.transport is not None:
-                self.transport.abort()
-            return
-        for ev in self.parser.feed(data):
-            exch.on_event(ev)
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        exch = self.exch
-        if exch is not None:
-            for ev in self.parser.feed_eof():
-                exch.on_event(ev)
-            if not exch.ended:
-                exch.fail(UpstreamError("upstream", "closed before the response ended"))
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        exch = self.exch
-        if exch is not None and not exch.ended:
-            reason = f"connection lost: {exc}" if exc else "connection closed"
-            exch.fail(UpstreamError("upstream", reason))
-        self._wake()
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._drain is not None and not self._drain.done():
-            self._drain.set_result(None)
-        self._drain = None
-
-    async def drained(self) -> None:
-        """Until the write buffer is below low water (or the connection is gone)."""
-        while self.write_paused and not self.lost:
-            self._drain = asyncio.get_running_loop().create_future()
-            await self._drain
-
-    # pool API
-    @property
-    def reusable(self) -> bool:
-        tr = self.transport
-        return (
-            not self.lost
-            and not self.eof
-            and self.exch is None
-            and tr is not None
-            and not tr.is_closing()
-            and self.parser.between_messages
-        )
-
-    def close(self) -> None:
-        self.lost = True
-        if self.transport is not None:
-            self.transport.close()
-
-    def abort(self) -> None:
-        self.lost = True
-        if self.transport is not None:
-            self.transport.abort()
-
-    def begin(self, method: bytes, interim_to: asyncio.Transport | None) -> _Exchange:
-        loop = asyncio.get_running_loop()
-        self.exch = exch = _Exchange(loop, interim_to)
-        self.parser.expect(method)
-        return exch
-
-    def finish(self) -> None:
-        self.exch = None
-
-
 # --- client side -------------------------------------------------------------------
 
 
 class _Down(asyncio.Protocol):
-    """The client connection's protocol: parse requests, queue events for the coroutine."""
+    """The client connection's protocol: parse requests, queue events for the connection."""
 
     def __init__(self, conn: HttpConn) -> None:
         self.conn = conn
@@ -358,18 +169,17 @@ class _Down(asyncio.Protocol):
             self.paused = True
             if self.transport is not None:
                 self.transport.pause_reading()
-        self._wake()
+        self.conn.arrived()
 
     def eof_received(self) -> bool:
         self.events.extend(self.parser.feed_eof())
         self.eof = True
-        self._wake()
+        self.conn.arrived()
         return True  # keep our side open to answer
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - Protocol API
         self.lost = True
         self.conn.client_lost()
-        self._wake()
 
     def pause_writing(self) -> None:
         self.conn.client_write_paused(paused=True)
@@ -377,11 +187,30 @@ class _Down(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.conn.client_write_paused(paused=False)
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Wake the coroutine waiting in `next_event`, if any."""
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
         self._waiter = None
+
+    def pop(self) -> http1.Event:
+        """The first queued event (there must be one); resumes reading once drained enough."""
+        ev = self.events.popleft()
+        if type(ev) is BodyData:
+            self.queued -= len(ev.data)
+        if self.paused and self.queued <= LOW_WATER and len(self.events) < MAX_QUEUED_EVENTS // 2:
+            self.paused = False
+            if self.transport is not None and not self.lost:
+                self.transport.resume_reading()
+        return ev
+
+    def push_front(self, body: list[bytes | memoryview]) -> None:
+        """Queue a request's body and end again, first (a callback send handed back)."""
+        self.events.appendleft(MessageEnd())
+        for data in reversed(body):
+            self.events.appendleft(BodyData(data))
+            self.queued += len(data)
 
     def take_end(self) -> bool:
         """Consume a queued `MessageEnd` without waiting; whether there was one next."""
@@ -398,14 +227,17 @@ class _Down(asyncio.Protocol):
                 return None
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
-        ev = self.events.popleft()
-        if type(ev) is BodyData:
-            self.queued -= len(ev.data)
-        if self.paused and self.queued <= LOW_WATER and len(self.events) < MAX_QUEUED_EVENTS // 2:
-            self.paused = False
-            if self.transport is not None and not self.lost:
-                self.transport.resume_reading()
-        return ev
+        return self.pop()
+
+
+@dataclass(slots=True)
+class _Handoff:
+    """A request the callbacks began (head taken, maybe planned) that the coroutine finishes."""
+
+    head: RequestHead
+    t0: float
+    plan: Plan | None = None
+    target: Target | None = None
 
 
 class HttpConn:
@@ -418,9 +250,17 @@ class HttpConn:
         self.transport = transport
         self.current: UpstreamConn | None = None
         self.requests = 0
+        self.callback_requests = 0  # of `requests`, answered by the callbacks alone (rule 7)
         self.body_done = False  # the current request's body was read from the client
         self._write_paused = False
         self._loop = asyncio.get_running_loop()
+        # Rule 7: the callback path's state.
+        self.ctx = contextvars.copy_context()  # the connection's task context (record.CONN)
+        self.parked: asyncio.Future[None] | None = None  # the coroutine sleeps on it
+        self.fast: _Fast | None = None  # the exchange the callbacks are serving
+        self.handoff: _Handoff | None = None
+        self.stop = False  # no further request on this connection
+        self._heads: dict[bytes, tuple[object, bytes]] = {}  # head as received -> (rewrite, sent)
 
     def attach(self, prefix: bytes = b"", *, eof: bool = False) -> None:
         """Take over `transport` (paused) and feed what was already read."""
@@ -436,10 +276,21 @@ class HttpConn:
             tr.resume_reading()
 
     # callbacks from _Down
+    def arrived(self) -> None:
+        """Client input (or its EOF) was queued."""
+        if self.parked is None:
+            self.down.wake()
+        elif self.fast is None:
+            self.ctx.run(self._pump)
+        # else: the callback exchange takes the queue when it ends
+
     def client_lost(self) -> None:
         up = self.current
         if up is not None:
-            up.abort()
+            up.abort()  # a callback exchange learns of it from the upstream's connection_lost
+        self.down.wake()
+        if self.fast is None:
+            self._unpark()
 
     def client_write_paused(self, *, paused: bool) -> None:
         self._write_paused = paused
@@ -450,44 +301,190 @@ class HttpConn:
             else:
                 up.transport.resume_reading()
 
+    def _unpark(self) -> None:
+        fut = self.parked
+        if fut is not None:
+            self.parked = None
+            if not fut.done():
+                fut.set_result(None)
+
     # the coroutine
     async def serve(self) -> None:
         """Serve requests until the client is done or the connection must close."""
         try:
-            while True:
-                ev = await self.down.next_event()
-                if ev is None:
-                    break
-                if isinstance(ev, ProtocolError):
-                    self._write(http1.error_response(ev.status, ev.reason, close=True))
-                    break
-                if not isinstance(ev, RequestHead):
-                    logger.error("BUG: request event out of place", extra={"event": repr(ev)})
-                    break
-                self.requests += 1
-                if not await self._request(ev):
+            while (work := await self._next()) is not None:
+                if not await self._request(work.head, work.t0, work.plan, work.target):
                     break
         except _ClientGoneError:
             pass
         finally:
+            self.parked = None
+            self.fast = None  # a late upstream callback finds itself stale
             if self.current is not None:
                 self.current.abort()
                 self.current = None
             if not self.transport.is_closing():
                 self.transport.close()
 
-    def _write(self, data: bytes) -> None:
+    async def _next(self) -> _Handoff | None:
+        """The next request for the coroutine, sleeping while the callbacks serve; None: done."""
+        down = self.down
+        while not self.stop:
+            if self.handoff is None and down.events:
+                self.ctx.run(self._pump)
+            work = self.handoff
+            if work is not None:
+                self.handoff = None
+                return work
+            if self.stop:
+                break
+            if self.fast is not None or not (down.events or down.lost or down.eof):
+                self.parked = self._loop.create_future()
+                await self.parked  # the callbacks serve until they hand back
+                continue
+            if not down.events:
+                break  # the client is gone or done sending
+            ev = down.pop()
+            if isinstance(ev, ProtocolError):
+                self._write(http1.error_response(ev.status, ev.reason, close=True))
+                break
+            if not isinstance(ev, RequestHead):
+                logger.error("BUG: request event out of place", extra={"event": repr(ev)})
+                break
+            self.requests += 1
+            return _Handoff(ev, self._loop.time())
+        return None
+
+    def _write(self, data: bytes | memoryview) -> None:
         if not self.transport.is_closing():
             self.transport.write(data)
 
-    async def _request(self, head: RequestHead) -> bool:
-        """Serve one request; whether the client connection may carry another."""
-        t0 = self._loop.time()
+    # --- the callback path (rule 7) ---
+
+    def _pump(self) -> None:
+        """Serve queued whole requests in callbacks; hand the rest to the coroutine."""
+        down = self.down
+        events = down.events
+        while (
+            self.fast is None
+            and self.handoff is None
+            and not self.stop
+            and events
+            and not down.lost
+        ):
+            head = events[0]
+            if type(head) is not RequestHead:
+                break
+            n = _whole(events)
+            if (
+                not n
+                or head.upgrade is not None
+                or head.method == b"CONNECT"
+                or head.expect_continue
+            ):
+                break
+            plan = self.router.plan_now(head)
+            if plan is None:
+                break
+            down.pop()  # from here on the request is ours
+            self.requests += 1
+            t0 = self._loop.time()
+            REQUEST.set(head)
+            if type(plan) is Reject:
+                self._drop(n)
+                self.callback_requests += 1
+                self.stop = not (self._answer(plan, t0, {}) and head.keep_alive)
+                continue
+            assert type(plan) is Plan  # noqa: S101 - narrowing for mypy
+            if plan.budget is not None or plan.timeout_s is not None:
+                self.handoff = _Handoff(head, t0, plan)
+                break
+            target = plan.choose(1)
+            if type(target) is Reject:
+                self._drop(n)
+                self.callback_requests += 1
+                self.stop = not (self._answer(target, t0, plan.labels) and head.keep_alive)
+                continue
+            assert type(target) is Target  # noqa: S101 - narrowing for mypy
+            up = self.pool.take(target.key)
+            if up is None:
+                self.handoff = _Handoff(head, t0, plan, target)
+                break
+            up = cast("UpstreamConn", up)
+            self._send_now(head=head, t0=t0, plan=plan, target=target, up=up, body=self._drop(n))
+        if self.fast is None and (
+            self.handoff is not None or self.stop or events or down.lost or down.eof
+        ):
+            self._unpark()
+
+    def _drop(self, n: int) -> list[bytes | memoryview]:
+        """Pop a whole request's `n` remaining events (body, end); the body pieces."""
+        pop = self.down.pop
+        body: list[bytes | memoryview] = []
+        for _ in range(n - 1):
+            ev = pop()
+            assert type(ev) is BodyData  # noqa: S101 - `_whole` checked
+            body.append(ev.data)
+        pop()  # the end
+        return body
+
+    def _send_now(  # noqa: PLR0913 - the facts of one request
+        self,
+        *,
+        head: RequestHead,
+        t0: float,
+        plan: Plan,
+        target: Target,
+        up: UpstreamConn,
+        body: list[bytes | memoryview],
+    ) -> None:
+        fast = _Fast(self, up, head=head, t0=t0, plan=plan, target=target, body=body)
+        self.fast = fast
+        self.current = up
+        up.begin_with(fast, head.method)
+        out = self._head_bytes(head, target)
+        tr = up.transport
+        assert tr is not None  # noqa: S101 - pooled connections are connected
+        tr.write(b"".join((out, *body)) if body else out)
+
+    def _head_bytes(self, head: RequestHead, target: Target) -> bytes:
+        """The request head as sent upstream (hop-by-hop dropped, rewritten), cached."""
+        rewrite = target.rewrite
+        raw = head.raw
+        if raw:
+            hit = self._heads.get(raw)
+            if hit is not None and hit[0] is rewrite:
+                return hit[1]
+        headers = http1.strip_hop_by_hop(
+            head.headers, keep=_KEEP_TE if head.framing is Framing.CHUNKED else _NO_KEEP
+        )
+        if rewrite is not None:
+            headers = rewrite(headers)
+        out = http1.request_head_bytes(head.method, head.target, headers, head.version)
+        if raw:
+            if len(self._heads) >= _HEAD_CACHE_MAX:
+                self._heads.clear()
+            self._heads[raw] = (rewrite, out)
+        return out
+
+    # --- the coroutine path ---
+
+    async def _request(
+        self,
+        head: RequestHead,
+        t0: float,
+        plan: Plan | Reject | None = None,
+        first: Target | None = None,
+    ) -> bool:
+        """Serve one request (maybe begun by the callbacks); whether another may follow."""
         REQUEST.set(head)  # for the recorder (agent.proxy.record rule 4)
-        if head.upgrade is not None or head.method == b"CONNECT":
-            await self._skip_body()
-            return self._answer(reject(501, "upgrade not supported", close=True), t0, {})
-        plan = await self.router.plan(head)
+        if plan is None:
+            if head.upgrade is not None or head.method == b"CONNECT":
+                await self._skip_body()
+                return self._answer(reject(501, "upgrade not supported", close=True), t0, {})
+            plan = self.router.plan_now(head)
+            if plan is None:
+                plan = await self.router.plan(head)
         if isinstance(plan, Reject):
             await self._skip_body()
             return self._answer(plan, t0, {}) and head.keep_alive
@@ -505,22 +502,24 @@ class HttpConn:
         if plan.budget is not None:
             plan.budget.deposit(t0)
         deadline = t0 + plan.timeout_s if plan.timeout_s is not None else None
-        return await self._attempts(head, plan, replay, t0, deadline)
+        return await self._attempts(head, plan, replay, t0=t0, deadline=deadline, first=first)
 
-    async def _attempts(
+    async def _attempts(  # noqa: PLR0913 - the facts of one request
         self,
         head: RequestHead,
         plan: Plan,
         replay: bytes | None,
+        *,
         t0: float,
         deadline: float | None,
+        first: Target | None,
     ) -> bool:
         route = plan.route
         self.body_done = replay is not None
         attempt = 0
         while True:
             attempt += 1
-            target = await plan.choose(attempt)
+            target = first if first is not None and attempt == 1 else plan.choose(attempt)
             if isinstance(target, Reject):
                 if not self.body_done:
                     await self._skip_body()
@@ -575,7 +574,7 @@ class HttpConn:
 
     async def _send(
         self, target: Target, head: RequestHead, replay: bytes | None
-    ) -> tuple[UpstreamConn, _Exchange, ResponseHead]:
+    ) -> tuple[UpstreamConn, Exchange, ResponseHead]:
         """Send the request (body streamed or replayed); the response head.
 
         A reused pooled connection that dies before answering is replaced by a
@@ -587,14 +586,9 @@ class HttpConn:
             up, reused = await self._acquire(target)
             self.current = up
             exch = up.begin(head.method, self.transport if head.expect_continue else None)
-            headers = http1.strip_hop_by_hop(
-                head.headers, keep=_KEEP_TE if head.framing is Framing.CHUNKED else _NO_KEEP
-            )
-            if target.rewrite is not None:
-                headers = target.rewrite(headers)
             tr = up.transport
             assert tr is not None  # noqa: S101 - connected by the opener
-            out = http1.request_head_bytes(head.method, head.target, headers, head.version)
+            out = self._head_bytes(head, target)
             if replay:
                 if len(replay) <= COALESCE_LIMIT:
                     tr.write(out + replay)
@@ -679,32 +673,13 @@ class HttpConn:
         head: RequestHead,
         target: Target,
         up: UpstreamConn,
-        exch: _Exchange,
+        exch: Exchange,
         resp: ResponseHead,
         *,
         t0: float,
         failure: bool,
     ) -> bool:
-        keep = head.keep_alive and resp.framing is not Framing.UNTIL_CLOSE
-        headers = http1.strip_hop_by_hop(
-            resp.headers, keep=_KEEP_TE if resp.framing is Framing.CHUNKED else _NO_KEEP
-        )
-        if (
-            headers is resp.headers
-            and keep
-            and head.version == b"1.1"
-            and resp.version == b"1.1"
-            and resp.reason
-            and resp.raw
-        ):
-            # Nothing to change: forward the head as received (no rebuild).
-            parts: list[bytes | memoryview] = [resp.raw, b"\r\n\r\n"]
-        else:
-            if not keep:
-                headers = [*headers, (b"connection", b"close")]
-            elif head.version == b"1.0":
-                headers = [*headers, (b"connection", b"keep-alive")]
-            parts = [http1.response_head_bytes(resp.status, headers, resp.reason or None)]
+        parts, keep = _response_head(head, resp)
         pending = exch.pending
         if pending and sum(map(len, pending)) <= COALESCE_LIMIT:
             # Head and the body bytes already here leave in one write (one send, one record).
@@ -759,6 +734,210 @@ class HttpConn:
             failure=reject.status >= 500,
         )
         return not reject.close
+
+
+class _Fast:
+    """One request served in protocol callbacks (rule 7): the upstream side's `Sink`."""
+
+    __slots__ = (
+        "body",
+        "conn",
+        "ended",
+        "failure",
+        "got_bytes",
+        "head",
+        "interim",
+        "keep",
+        "out",
+        "plan",
+        "resp",
+        "t0",
+        "target",
+        "up",
+    )
+
+    def __init__(  # noqa: PLR0913 - the facts of one request
+        self,
+        conn: HttpConn,
+        up: UpstreamConn,
+        *,
+        head: RequestHead,
+        t0: float,
+        plan: Plan,
+        target: Target,
+        body: list[bytes | memoryview],
+    ) -> None:
+        self.conn = conn
+        self.up = up
+        self.head = head
+        self.t0 = t0
+        self.plan = plan
+        self.target = target
+        self.body = body  # kept to hand the request back if the connection was dead
+        self.resp: ResponseHead | None = None
+        self.out: list[bytes | memoryview] = []  # for the client, written once per batch
+        self.ended = False
+        self.got_bytes = False
+        self.interim = False
+        self.failure = False
+        self.keep = True
+
+    # Sink API (called by UpstreamConn outside the connection's context)
+    def on_events(self, events: list[http1.Event]) -> None:
+        if events and self.conn.fast is self:
+            self.conn.ctx.run(self._on_events, events)
+
+    def fail(self, err: UpstreamError) -> None:
+        if self.conn.fast is self and not self.ended:
+            self.conn.ctx.run(self._broken, err)
+
+    def _on_events(self, events: list[http1.Event]) -> None:
+        self.got_bytes = True
+        out = self.out
+        for ev in events:
+            kind = type(ev)
+            if kind is BodyData:
+                out.append(cast("BodyData", ev).data)
+            elif kind is MessageEnd:
+                if self.interim:
+                    self.interim = False
+                    continue
+                self._end()
+                return
+            elif kind is ResponseHead:
+                resp = cast("ResponseHead", ev)
+                if resp.status < 200:
+                    self.interim = True  # no Expect on this path: nobody waits for a 100
+                    continue
+                self.resp = resp
+                self.failure = classify(self.plan.route, resp.status)
+                parts, self.keep = _response_head(self.head, resp)
+                out += parts
+            elif kind is ProtocolError:
+                reason = cast("ProtocolError", ev).reason
+                self._broken(UpstreamError("upstream", f"bad response: {reason}"))
+                return
+            elif kind is Upgraded:
+                self._broken(UpstreamError("upstream", "protocol switch is not supported here"))
+                return
+            else:
+                raise AssertionError(f"BUG: unexpected response event {ev!r}")
+        self._flush()
+
+    def _flush(self) -> None:
+        out = self.out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        conn = self.conn
+        conn._write(data)  # noqa: SLF001 - the connection's own callback half
+        tr = self.up.transport
+        if conn._write_paused and tr is not None:  # noqa: SLF001
+            tr.pause_reading()
+
+    def _end(self) -> None:
+        self._flush()
+        self.ended = True
+        conn = self.conn
+        up = self.up
+        resp = self.resp
+        assert resp is not None  # noqa: S101 - the parser ends a message only after its head
+        now = conn._loop.time()  # noqa: SLF001
+        target = self.target
+        if target.handle is not None:
+            target.handle.done(now, not self.failure)
+        up.finish()
+        conn.current = None
+        if resp.keep_alive and up.reusable:
+            conn.pool.release(up)
+        else:
+            up.close()
+        rec = recorder()
+        direction = conn.router.direction
+        rec.request(direction, target.labels)
+        rec.response(
+            direction,
+            target.labels,
+            status=resp.status,
+            latency_s=now - self.t0,
+            failure=self.failure,
+        )
+        conn.fast = None
+        conn.callback_requests += 1
+        if not self.keep:
+            conn.stop = True
+        conn._pump()  # noqa: SLF001 - the next queued request
+
+    def _broken(self, err: UpstreamError) -> None:
+        """The upstream failed: resend, answer 502, or abort the client (rule 5)."""
+        self.ended = True
+        conn = self.conn
+        up = self.up
+        target = self.target
+        handle = target.handle
+        up.finish()
+        up.abort()
+        conn.current = None
+        conn.fast = None
+        now = conn._loop.time()  # noqa: SLF001
+        if self.resp is not None:  # the head went out: the client cannot be told
+            if handle is not None:
+                handle.done(now, ok=False)
+            conn.transport.abort()
+            conn.stop = True
+        elif conn.down.lost:  # we aborted it because the client went away
+            if handle is not None:
+                handle.cancel()
+        elif not self.got_bytes:  # a pooled connection that was dead: send it again
+            if handle is not None:
+                handle.cancel()
+            conn.down.push_front(self.body)
+            conn.handoff = _Handoff(self.head, self.t0, self.plan)
+        else:
+            if handle is not None:
+                handle.done(now, ok=False)
+            recorder().request(conn.router.direction, target.labels)
+            conn.callback_requests += 1
+            answer = reject(err.status, str(err))
+            conn.stop = not (conn._answer(answer, self.t0, target.labels) and self.head.keep_alive)  # noqa: SLF001
+        conn._pump()  # noqa: SLF001
+
+
+def _whole(events: deque[http1.Event]) -> int:
+    """How many events after the head at `events[0]` end its request (body pieces and end).
+
+    0 when the request has not arrived whole or its body came in too many pieces.
+    """
+    for i in range(1, min(len(events), _WHOLE_PIECES_MAX + 2)):
+        kind = type(events[i])
+        if kind is MessageEnd:
+            return i
+        if kind is not BodyData:
+            return 0
+    return 0
+
+
+def _response_head(head: RequestHead, resp: ResponseHead) -> tuple[list[bytes | memoryview], bool]:
+    """The response head for the client (hop-by-hop dropped), and whether it keeps alive."""
+    keep = head.keep_alive and resp.framing is not Framing.UNTIL_CLOSE
+    headers = http1.strip_hop_by_hop(
+        resp.headers, keep=_KEEP_TE if resp.framing is Framing.CHUNKED else _NO_KEEP
+    )
+    if (
+        headers is resp.headers
+        and keep
+        and head.version == b"1.1"
+        and resp.version == b"1.1"
+        and resp.reason
+        and resp.raw
+    ):
+        return [resp.raw, b"\r\n\r\n"], keep  # nothing to change: as received
+    if not keep:
+        headers = [*headers, (b"connection", b"close")]
+    elif head.version == b"1.0":
+        headers = [*headers, (b"connection", b"keep-alive")]
+    return [http1.response_head_bytes(resp.status, headers, resp.reason or None)], keep
 
 
 def reject(status: int, message: str, *, close: bool = False, grpc: int | None = None) -> Reject:

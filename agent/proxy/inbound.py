@@ -274,6 +274,9 @@ class InboundRouter:
         self._plan = httpproxy.Plan(choose=self._choose, labels=self.labels)  # never mutated
 
     async def plan(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
+        return self.plan_now(head)
+
+    def plan_now(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
         denied = authorize_request(
             self.worker,
             self.policy_key,
@@ -289,7 +292,7 @@ class InboundRouter:
             return denied
         return self._plan
 
-    async def _choose(self, attempt: int) -> httpproxy.Target:  # noqa: ARG002 - Plan API
+    def _choose(self, attempt: int) -> httpproxy.Target:  # noqa: ARG002 - Plan API
         return self.target
 
 

@@ -143,20 +143,39 @@ class OutboundRouter:
         self._choices: dict[tuple[tuple[str, int], int], _Choice] = {}
         self._authz = inbound.AuthzCache()
 
-    async def plan(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
+    def plan_now(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject | None:
         key: tuple[str, str] = self.key
         override = http1.dst_override(head.headers)
         if override:
             key = (DST, override)
-            try:
-                dst = await self.worker.state.want(key, kind=DST, wait_s=DST_WAIT_S)
-            except TimeoutError:
-                return httpproxy.reject(503, f"no destination for {override}")
+            dst = self.worker.state.get(key)
+            if dst is None:
+                return None  # not known yet: `plan` asks and waits
             if not isinstance(dst, Destination) or not dst.exists:
                 return httpproxy.reject(503, f"{override} is not a mesh destination")
         else:
             value = self.worker.state.get(key, self.dst)
             dst = value if isinstance(value, Destination) else self.dst
+        return self._plan(head, key, dst)
+
+    async def plan(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
+        got = self.plan_now(head)
+        if got is not None:
+            return got
+        override = http1.dst_override(head.headers)
+        assert override is not None  # noqa: S101 - only an unknown override waits
+        key = (DST, override)
+        try:
+            dst = await self.worker.state.want(key, kind=DST, wait_s=DST_WAIT_S)
+        except TimeoutError:
+            return httpproxy.reject(503, f"no destination for {override}")
+        if not isinstance(dst, Destination) or not dst.exists:
+            return httpproxy.reject(503, f"{override} is not a mesh destination")
+        return self._plan(head, key, dst)
+
+    def _plan(
+        self, head: http1.RequestHead, key: tuple[str, str], dst: Destination
+    ) -> httpproxy.Plan:
         entry = self.plane.entry(key, dst)
         route = None
         if dst.profile is not None and dst.profile.routes:
@@ -176,7 +195,7 @@ class OutboundRouter:
 
         tried: list[tuple[str, int]] = []  # endpoints this request already tried
 
-        async def choose(attempt: int) -> httpproxy.Target | httpproxy.Reject:  # noqa: ARG001
+        def choose(attempt: int) -> httpproxy.Target | httpproxy.Reject:  # noqa: ARG001
             return self._choose(entry, head, labels, tried)
 
         return httpproxy.Plan(

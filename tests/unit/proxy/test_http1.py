@@ -646,3 +646,12 @@ def test_response_head_keeps_its_received_bytes_for_unchanged_forwarding() -> No
         head = evs[0]
         assert isinstance(head, ResponseHead)
         assert head.raw == block[:-2]
+
+
+def test_request_head_keeps_its_bytes_as_received_also_when_cached():
+    block = b"GET /raw-kept HTTP/1.1\r\nHost: a\r\nX-Odd:   spaced\r\n"
+    for _ in range(2):  # parsed, then from the head cache
+        p = RequestParser()
+        head = p.feed(block + b"\r\n")[0]
+        assert isinstance(head, RequestHead)
+        assert head.raw == block.removesuffix(b"\r\n")
