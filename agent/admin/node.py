@@ -5,6 +5,10 @@ between scrapes. The agent's own state (enrolled pods, listeners, redirect
 rules, BPF map entries, control-plane streams, certificates, workers) is
 pushed in by its owners through the small setters of `NodeMetrics`.
 
+Workers import this module only for `measure_loop_lag`, so psutil is imported
+where it is read (`_psutil`), never at module import: a worker process does
+not load it (about 1.4 MB of RSS each).
+
 Rules:
 1. Process metrics carry `process` = supervisor | worker and, for workers,
    `worker` = the slot id. A replaced worker's `process_cpu_seconds_total`
@@ -21,14 +25,14 @@ import asyncio
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
-
-import psutil
+from typing import TYPE_CHECKING, Any
 
 from agent.admin.families import FAMILIES, Family, Kind, register
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+
+    import psutil
 
     from agent.admin.metrics import Labels, Samples
 
@@ -96,6 +100,13 @@ WORKER_RESTARTS = _fam(
     "meshagent_worker_restarts_total", C, "Worker processes replaced after exiting", set()
 )
 LOOP_LAG = FAMILIES["meshagent_event_loop_lag_seconds"]  # declared with the worker families
+
+
+def _psutil() -> Any:
+    """The psutil module, imported on first use (supervisor only; see the module docstring)."""
+    import psutil  # noqa: PLC0415 - workers import this module and never need psutil
+
+    return psutil
 
 
 class NodeMetrics:
@@ -191,6 +202,7 @@ class NodeMetrics:
         return out
 
     def _process(self, pid: int) -> psutil.Process | None:
+        psutil = _psutil()
         proc = self._procs.get(pid)
         if proc is None or not proc.is_running():  # is_running also catches PID reuse
             try:
@@ -211,6 +223,7 @@ class NodeMetrics:
             ((("process", "worker"), ("worker", str(wid))), pid)
             for wid, pid in sorted(self._workers.items())
         ]
+        psutil = _psutil()
         for labels, pid in targets:
             proc = self._process(pid)
             if proc is None:
@@ -230,6 +243,7 @@ class NodeMetrics:
         return [(PROCESS_CPU, cpu), (PROCESS_RSS, rss), (PROCESS_FDS, fds), (PROCESS_START, start)]
 
     def _node_families(self) -> list[tuple[Family, Samples]]:
+        psutil = _psutil()
         times = psutil.cpu_times()
         modes = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
         cpu: Samples = {(("mode", m),): float(getattr(times, m, 0.0)) for m in modes}

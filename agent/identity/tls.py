@@ -15,6 +15,10 @@ Rules:
    because a memfd has no name in any filesystem, cannot outlive the process
    and needs no cleanup on crash; the encryption is a second wall against a
    same-user process reading our fds through /proc.
+4. Workers get the key already sealed (`SealedKey`: encrypted PEM and its
+   one-time password, made by the supervisor with `seal`), so a worker
+   process never loads the cryptography package (about 8 MB of RSS each):
+   cryptography is imported only where a key object is turned into PEM.
 """
 
 from __future__ import annotations
@@ -22,9 +26,8 @@ from __future__ import annotations
 import os
 import secrets
 import ssl
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-
-from cryptography.hazmat.primitives import serialization
 
 from agent.errors import PKIError
 
@@ -34,13 +37,34 @@ if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric import ec
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SealedKey:
+    """A private key as encrypted PKCS#8 PEM and the one-time password that opens it."""
+
+    pem: bytes = field(repr=False)
+    password: bytes = field(repr=False)
+
+
+def seal(key: ec.EllipticCurvePrivateKey) -> SealedKey:
+    """`key` as encrypted PKCS#8 PEM under a fresh random password (rule 3)."""
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - rule 4
+
+    password = secrets.token_bytes(32)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(password),
+    )
+    return SealedKey(pem=pem, password=password)
+
+
 def chain_pem(leaf_der: bytes, intermediates_der: Sequence[bytes] = ()) -> bytes:
     """PEM of a leaf followed by its intermediates (what `load_cert_chain` wants)."""
     return "".join(ssl.DER_cert_to_PEM_cert(d) for d in (leaf_der, *intermediates_der)).encode()
 
 
 def client_context(
-    cert_chain_pem: bytes, key: ec.EllipticCurvePrivateKey, bundle_pem: bytes
+    cert_chain_pem: bytes, key: ec.EllipticCurvePrivateKey | SealedKey, bundle_pem: bytes
 ) -> ssl.SSLContext:
     """A TLS 1.3 client context that presents our certificate and verifies the server's.
 
@@ -53,7 +77,7 @@ def client_context(
 
 
 def server_context(
-    cert_chain_pem: bytes, key: ec.EllipticCurvePrivateKey, bundle_pem: bytes
+    cert_chain_pem: bytes, key: ec.EllipticCurvePrivateKey | SealedKey, bundle_pem: bytes
 ) -> ssl.SSLContext:
     """A TLS 1.3 server context that requires and verifies a client certificate.
 
@@ -79,7 +103,7 @@ def peer_identity(ssl_object: ssl.SSLObject | ssl.SSLSocket) -> str | None:
 def _setup(
     ctx: ssl.SSLContext,
     cert_chain_pem: bytes,
-    key: ec.EllipticCurvePrivateKey,
+    key: ec.EllipticCurvePrivateKey | SealedKey,
     bundle_pem: bytes,
 ) -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
@@ -94,14 +118,10 @@ def _setup(
 
 
 def _load_cert_chain(
-    ctx: ssl.SSLContext, cert_chain_pem: bytes, key: ec.EllipticCurvePrivateKey
+    ctx: ssl.SSLContext, cert_chain_pem: bytes, key: ec.EllipticCurvePrivateKey | SealedKey
 ) -> None:
-    password = secrets.token_bytes(32)
-    encrypted = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.BestAvailableEncryption(password),
-    )
+    sealed = key if isinstance(key, SealedKey) else seal(key)
+    encrypted, password = sealed.pem, sealed.password
     fd = os.memfd_create("meshagent-credentials", os.MFD_CLOEXEC)
     try:
         os.fchmod(fd, 0o600)

@@ -37,6 +37,8 @@ import ctypes
 import logging
 import os
 import re
+import socket
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -186,16 +188,63 @@ def cgroup2_mount(mounts: str | None = None) -> Path | None:
 
 
 def _has_ip(path: str | Path, ip: str) -> bool:
-    def inside() -> bool:
-        from pyroute2 import IPRoute  # noqa: PLC0415 - heavy import, only here
+    return netns.run_in(path, lambda: ip in local_addresses())
 
-        with IPRoute() as ipr:
-            for msg in ipr.get_addr():
-                if msg.get_attr("IFA_ADDRESS") == ip or msg.get_attr("IFA_LOCAL") == ip:
-                    return True
-        return False
 
-    return netns.run_in(path, inside)
+_RTM_NEWADDR, _RTM_GETADDR = 20, 22
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_IFA_ADDRESS, _IFA_LOCAL = 1, 2
+_NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+_IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
+_RTATTR = struct.Struct("=HH")  # len, type
+
+
+def local_addresses() -> set[str]:
+    """Every address (IFA_ADDRESS and IFA_LOCAL) of the calling thread's network
+    namespace, from one rtnetlink RTM_GETADDR dump (stdlib only: no pyroute2).
+
+    Raises:
+        OSError: the dump failed.
+    """
+    req = _NLMSGHDR.pack(
+        _NLMSGHDR.size + _IFADDRMSG.size, _RTM_GETADDR, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0
+    ) + _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
+    out: set[str] = set()
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+        sock.sendall(req)
+        while True:
+            data = sock.recv(1 << 16)
+            if not data:
+                return out
+            if _parse_addresses(data, out):
+                return out
+
+
+def _parse_addresses(data: bytes, out: set[str]) -> bool:
+    """Add the addresses of one rtnetlink datagram to `out`; True once NLMSG_DONE is seen."""
+    off = 0
+    while off + _NLMSGHDR.size <= len(data):
+        length, kind, _, _, _ = _NLMSGHDR.unpack_from(data, off)
+        if length < _NLMSGHDR.size:
+            return True  # malformed: stop rather than loop
+        if kind == _NLMSG_DONE:
+            return True
+        if kind == _NLMSG_ERROR:
+            (err,) = struct.unpack_from("=i", data, off + _NLMSGHDR.size)
+            raise OSError(-err, f"RTM_GETADDR: {os.strerror(-err)}")
+        if kind == _RTM_NEWADDR:
+            family = data[off + _NLMSGHDR.size]
+            attr, end = off + _NLMSGHDR.size + _IFADDRMSG.size, off + length
+            while attr + _RTATTR.size <= end:
+                alen, atype = _RTATTR.unpack_from(data, attr)
+                if alen < _RTATTR.size:
+                    break
+                if atype in (_IFA_ADDRESS, _IFA_LOCAL):
+                    out.add(socket.inet_ntop(family, data[attr + _RTATTR.size : attr + alen]))
+                attr += (alen + 3) & ~3
+        off += (length + 3) & ~3
+    return False
 
 
 def _mount_bind(src: str, target: Path) -> None:

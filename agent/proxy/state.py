@@ -104,6 +104,7 @@ class TlsMaterial:
 
     identity: str
     cert_chain_pem: bytes  # leaf then intermediates
-    key_der: bytes = field(repr=False)  # PKCS#8 DER; never logged
+    key_pem: bytes = field(repr=False)  # PKCS#8 PEM encrypted with key_password; never logged
+    key_password: bytes = field(repr=False)  # one-time random password of key_pem
     trust_pem: bytes = field(repr=False)
     not_after: float  # unix seconds; past it, no new mTLS (fail closed)

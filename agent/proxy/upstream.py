@@ -25,9 +25,6 @@ import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-
 from agent.errors import AgentError, PKIError
 from agent.identity import tls as idtls
 from agent.proxy.tcp import Held, Relay
@@ -86,7 +83,7 @@ class TlsContexts:
         material: TlsMaterial | None,
         identity: str,
         now: float,
-        build: Callable[[bytes, ec.EllipticCurvePrivateKey, bytes], ssl.SSLContext],
+        build: Callable[[bytes, idtls.SealedKey, bytes], ssl.SSLContext],
     ) -> ssl.SSLContext:
         if material is None:
             raise UpstreamError(identity, "no TLS material for this identity")
@@ -96,9 +93,7 @@ class TlsContexts:
         if hit is not None and (hit[0] is material or hit[0] == material):
             return hit[1]
         try:
-            key = serialization.load_der_private_key(material.key_der, password=None)
-            if not isinstance(key, ec.EllipticCurvePrivateKey):
-                raise UpstreamError(identity, "workload key is not ECDSA")
+            key = idtls.SealedKey(pem=material.key_pem, password=material.key_password)
             ctx = build(material.cert_chain_pem, key, material.trust_pem)
         except (ValueError, PKIError) as exc:
             raise UpstreamError(identity, f"unusable TLS material: {exc}") from exc

@@ -53,8 +53,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cryptography.hazmat.primitives import serialization
-
 from agent import aio
 from agent.admin import controls
 from agent.admin.aggregate import Exposition, MetricsAggregator
@@ -68,6 +66,7 @@ from agent.errors import AgentError, SettingError
 from agent.identity.chain import load_trust_bundle
 from agent.identity.manager import IdentityManager
 from agent.identity.manager import TlsMaterial as IdTls
+from agent.identity.tls import seal
 from agent.pods import discover, reconcile
 from agent.pods.source import ManifestPodSource
 from agent.proxy import channel as ch
@@ -581,14 +580,12 @@ class Supervisor:
             if name is not None:
                 self.pool.broadcast(ch.StateDelete(key=(state.TLS, name)))
             return
+        sealed = seal(material.key)  # workers open it with `ssl` alone (no cryptography)
         value = state.TlsMaterial(
             identity=material.identity,
             cert_chain_pem=material.cert_chain_pem,
-            key_der=material.key.private_bytes(
-                serialization.Encoding.DER,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            ),
+            key_pem=sealed.pem,
+            key_password=sealed.password,
             trust_pem=material.bundle_pem,
             not_after=material.expiry.timestamp(),
         )

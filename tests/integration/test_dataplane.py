@@ -24,12 +24,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import pytest_asyncio
-from cryptography.hazmat.primitives import serialization
 
 from agent.identity import ca
 from agent.identity.csr import check_csr, make_csr, new_key
 from agent.identity.names import Identity
-from agent.identity.tls import chain_pem, client_context
+from agent.identity.tls import SealedKey, chain_pem, client_context, seal
 from agent.netlab import Lab
 from agent.policy.model import (
     Authorization,
@@ -86,15 +85,12 @@ class Pki:
         leaf, chain, until = self.issuer.sign_leaf(
             info, ident, now=when, lifetime=timedelta(hours=1 if expired else 24)
         )
-        der = key.private_bytes(
-            serialization.Encoding.DER,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
+        sealed = seal(key)
         return TlsMaterial(
             identity=ident.dns_name,
             cert_chain_pem=chain_pem(leaf, chain),
-            key_der=der,
+            key_pem=sealed.pem,
+            key_password=sealed.password,
             trust_pem=self.trust,
             not_after=until.timestamp(),
         )
@@ -576,7 +572,7 @@ async def _tls_to_web2(world, ctx):
 
 
 def _client_ctx(material: TlsMaterial, trust: bytes | None = None) -> ssl.SSLContext:
-    key = serialization.load_der_private_key(material.key_der, password=None)
+    key = SealedKey(pem=material.key_pem, password=material.key_password)
     return client_context(material.cert_chain_pem, key, trust or material.trust_pem)
 
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+import struct
 from pathlib import Path
+
+import pytest
 
 from agent.pods.discover import (
     CgroupLine,
+    _parse_addresses,
     cgroup2_mount,
     names_pod,
     parse_cgroup,
@@ -90,3 +95,39 @@ def test_cgroup2_mount_from_proc_mounts() -> None:
     )
     assert cgroup2_mount(mounts) == Path("/sys/fs/cgroup/unified")
     assert cgroup2_mount("tmpfs /tmp tmpfs rw 0 0\n") is None
+
+
+def _nlmsg(kind: int, body: bytes) -> bytes:
+    msg = struct.pack("=IHHII", 16 + len(body), kind, 2, 1, 0) + body
+    return msg + b"\0" * (-len(msg) % 4)
+
+
+def _newaddr(family: int, *attrs: tuple[int, bytes]) -> bytes:
+    body = struct.pack("=BBBBI", family, 24, 0, 0, 2)
+    for kind, value in attrs:
+        attr = struct.pack("=HH", 4 + len(value), kind) + value
+        body += attr + b"\0" * (-len(attr) % 4)
+    return _nlmsg(20, body)
+
+
+def test_parse_addresses_reads_v4_and_v6_address_attributes_until_done() -> None:
+    v4 = socket.inet_pton(socket.AF_INET, "10.1.2.3")
+    v6 = socket.inet_pton(socket.AF_INET6, "fd00::7")
+    label = (3, b"eth0\0")  # IFA_LABEL: not an address
+    data = (
+        _newaddr(socket.AF_INET, (1, v4), label, (2, v4))
+        + _newaddr(socket.AF_INET6, (1, v6))
+        + _nlmsg(3, struct.pack("=i", 0))
+    )
+    out: set[str] = set()
+    assert _parse_addresses(data, out) is True
+    assert out == {"10.1.2.3", "fd00::7"}
+
+
+def test_parse_addresses_wants_more_without_done_and_raises_on_error() -> None:
+    out: set[str] = set()
+    v4 = socket.inet_pton(socket.AF_INET, "10.9.9.9")
+    assert _parse_addresses(_newaddr(socket.AF_INET, (2, v4)), out) is False
+    assert out == {"10.9.9.9"}
+    with pytest.raises(OSError, match="RTM_GETADDR"):
+        _parse_addresses(_nlmsg(2, struct.pack("=i", -1)), out)

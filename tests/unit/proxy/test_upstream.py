@@ -7,12 +7,11 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
-from cryptography.hazmat.primitives import serialization
 
 from agent.identity import ca
 from agent.identity.csr import check_csr, make_csr, new_key
 from agent.identity.names import Identity
-from agent.identity.tls import chain_pem
+from agent.identity.tls import chain_pem, seal
 from agent.proxy.state import TlsMaterial
 from agent.proxy.upstream import ConnPool, TlsContexts, UpstreamError
 
@@ -28,13 +27,12 @@ def material(tmp_path_factory) -> TlsMaterial:
     issuer = ca.load_issuer(d / "issuer", now=now)
     key = new_key()
     leaf, chain, until = issuer.sign_leaf(check_csr(make_csr(key, WEB), WEB.dns_name), WEB, now=now)
-    der = key.private_bytes(
-        serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+    sealed = seal(key)
     return TlsMaterial(
         identity=WEB.dns_name,
         cert_chain_pem=chain_pem(leaf, chain),
-        key_der=der,
+        key_pem=sealed.pem,
+        key_password=sealed.password,
         trust_pem=issuer.bundle.pem,
         not_after=until.timestamp(),
     )
@@ -51,7 +49,7 @@ def test_expired_material_fails_closed(material):
 
 
 def test_garbage_key_fails_closed(material):
-    bad = replace(material, key_der=b"not a key")
+    bad = replace(material, key_pem=b"not a key")
     with pytest.raises(UpstreamError, match="unusable"):
         TlsContexts().client(bad, WEB.dns_name, now=time.time())
 
