@@ -457,40 +457,12 @@ def _keep_alive(version: bytes, tokens: frozenset[bytes]) -> bool:
 
 
 # Parsed heads by their bytes (a pure function of them): clients and servers repeat the
-# same heads, so most parses are one dict lookup. Bounded; entries are private copies
-# (callers get fresh head objects and header lists).
+# same heads, so most parses are one dict lookup. Bounded. A hit returns the cached head
+# object itself: heads and their header lists are never mutated (see "Events" above).
 _CACHE_BLOCK_MAX = 2048
 _CACHE_ENTRIES_MAX = 256
 _REQUEST_HEADS: dict[bytes, RequestHead] = {}
 _RESPONSE_HEADS: dict[tuple[bytes, bool], ResponseHead] = {}
-
-
-def _copy_request(h: RequestHead) -> RequestHead:
-    return RequestHead(
-        method=h.method,
-        target=h.target,
-        version=h.version,
-        headers=list(h.headers),
-        keep_alive=h.keep_alive,
-        framing=h.framing,
-        content_length=h.content_length,
-        upgrade=h.upgrade,
-        expect_continue=h.expect_continue,
-        raw=h.raw,
-    )
-
-
-def _copy_response(h: ResponseHead) -> ResponseHead:
-    return ResponseHead(
-        status=h.status,
-        reason=h.reason,
-        version=h.version,
-        headers=list(h.headers),
-        keep_alive=h.keep_alive,
-        framing=h.framing,
-        content_length=h.content_length,
-        raw=h.raw,
-    )
 
 
 class RequestParser(_Parser):
@@ -518,7 +490,7 @@ class RequestParser(_Parser):
                     self._switching = False
                     if not keep:
                         self._state = _S.CLOSED
-                    return [_copy_request(hit), MessageEnd()]
+                    return [hit, MessageEnd()]
         return super().feed(data)
 
     def upgrade_accepted(self) -> bytes:
@@ -559,13 +531,13 @@ class RequestParser(_Parser):
     def _request_head(self, block: bytes) -> RequestHead:
         hit = _REQUEST_HEADS.get(block)
         if hit is not None:
-            return _copy_request(hit)
+            return hit
         head = self._parse_request_head(block)
         head.raw = block
         if len(block) <= _CACHE_BLOCK_MAX:
             if len(_REQUEST_HEADS) >= _CACHE_ENTRIES_MAX:
                 _REQUEST_HEADS.clear()
-            _REQUEST_HEADS[block] = _copy_request(head)
+            _REQUEST_HEADS[block] = head
         return head
 
     def _parse_request_head(self, block: bytes) -> RequestHead:
@@ -601,10 +573,13 @@ class RequestParser(_Parser):
         )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class _Pending:
     method: bytes
     upgrade: bool
+
+
+_PENDING: dict[tuple[bytes, bool], _Pending] = {}  # shared: they are immutable
 
 
 class ResponseParser(_Parser):
@@ -619,7 +594,12 @@ class ResponseParser(_Parser):
 
     def expect(self, method: bytes, *, upgrade: bool = False) -> None:
         """A request was sent; its response comes after those already expected."""
-        self._pending.append(_Pending(method, upgrade))
+        pend = _PENDING.get((method, upgrade))
+        if pend is None:
+            pend = _Pending(method, upgrade)
+            if len(_PENDING) < _CACHE_ENTRIES_MAX:
+                _PENDING[method, upgrade] = pend
+        self._pending.append(pend)
 
     def feed(self, data: bytes) -> list[Event]:
         """Parse more input; returns the events it completes. Never raises."""
@@ -645,11 +625,11 @@ class ResponseParser(_Parser):
                             self._state = _S.CLOSED
                         if rest:
                             return [
-                                _copy_response(hit),
+                                hit,
                                 BodyData(_view(data, end, len(data))),
                                 MessageEnd(),
                             ]
-                        return [_copy_response(hit), MessageEnd()]
+                        return [hit, MessageEnd()]
         return super().feed(data)
 
     def _on_head(self, data: bytes, pos: int, events: list[Event]) -> int:  # noqa: PLR0911 - one exit per outcome
@@ -689,12 +669,12 @@ class ResponseParser(_Parser):
         key = (block, method == b"HEAD")  # the only use of the method below
         hit = _RESPONSE_HEADS.get(key)
         if hit is not None:
-            return _copy_response(hit)
+            return hit
         head = self._parse_response_head(block, method)
         if len(block) <= _CACHE_BLOCK_MAX:
             if len(_RESPONSE_HEADS) >= _CACHE_ENTRIES_MAX:
                 _RESPONSE_HEADS.clear()
-            _RESPONSE_HEADS[key] = _copy_response(head)
+            _RESPONSE_HEADS[key] = head
         return head
 
     def _parse_response_head(self, block: bytes, method: bytes) -> ResponseHead:

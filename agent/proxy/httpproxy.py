@@ -261,6 +261,7 @@ class HttpConn:
         self.handoff: _Handoff | None = None
         self.stop = False  # no further request on this connection
         self._heads: dict[bytes, tuple[object, bytes]] = {}  # head as received -> (rewrite, sent)
+        self._resp_heads: dict[tuple[bytes, bool, bytes, bool], _HeadOut] = {}
 
     def attach(self, prefix: bytes = b"", *, eof: bool = False) -> None:
         """Take over `transport` (paused) and feed what was already read."""
@@ -466,6 +467,22 @@ class HttpConn:
                 self._heads.clear()
             self._heads[raw] = (rewrite, out)
         return out
+
+    def response_head(
+        self, head: RequestHead, resp: ResponseHead
+    ) -> tuple[list[bytes | memoryview], bool]:
+        """`_response_head`, cached by what decides it (the response head as received)."""
+        raw = resp.raw
+        if not raw:
+            return _response_head(head, resp)
+        key = (raw, head.method == b"HEAD", head.version, head.keep_alive)
+        hit = self._resp_heads.get(key)
+        if hit is None:
+            hit = _response_head(head, resp)
+            if len(self._resp_heads) >= _HEAD_CACHE_MAX:
+                self._resp_heads.clear()
+            self._resp_heads[key] = hit
+        return hit
 
     # --- the coroutine path ---
 
@@ -679,7 +696,8 @@ class HttpConn:
         t0: float,
         failure: bool,
     ) -> bool:
-        parts, keep = _response_head(head, resp)
+        parts, keep = self.response_head(head, resp)
+        parts = list(parts)
         pending = exch.pending
         if pending and sum(map(len, pending)) <= COALESCE_LIMIT:
             # Head and the body bytes already here leave in one write (one send, one record).
@@ -811,7 +829,7 @@ class _Fast:
                     continue
                 self.resp = resp
                 self.failure = classify(self.plan.route, resp.status)
-                parts, self.keep = _response_head(self.head, resp)
+                parts, self.keep = self.conn.response_head(self.head, resp)
                 out += parts
             elif kind is ProtocolError:
                 reason = cast("ProtocolError", ev).reason
@@ -849,8 +867,8 @@ class _Fast:
             target.handle.done(now, not self.failure)
         up.finish()
         conn.current = None
-        if resp.keep_alive and up.reusable:
-            conn.pool.release(up)
+        if resp.keep_alive:
+            conn.pool.release(up)  # closes it when not reusable
         else:
             up.close()
         rec = recorder()
@@ -918,7 +936,10 @@ def _whole(events: deque[http1.Event]) -> int:
     return 0
 
 
-def _response_head(head: RequestHead, resp: ResponseHead) -> tuple[list[bytes | memoryview], bool]:
+_HeadOut = tuple[list[bytes | memoryview], bool]
+
+
+def _response_head(head: RequestHead, resp: ResponseHead) -> _HeadOut:
     """The response head for the client (hop-by-hop dropped), and whether it keeps alive."""
     keep = head.keep_alive and resp.framing is not Framing.UNTIL_CLOSE
     headers = http1.strip_hop_by_hop(
