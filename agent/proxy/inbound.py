@@ -164,11 +164,15 @@ class AuthzCache:
     the method and target; the metric labels are merged once per decision.
     """
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "last")
     MAX_ENTRIES = 64
 
     def __init__(self) -> None:
         self._entries: dict[Hashable, tuple[ServerPolicy, Decision, dict[str, str]]] = {}
+        # The last request's answer: (head, policy key, state generation, entry). The parser
+        # hands out one head object per distinct head, so a repeat is an identity check.
+        self.last: tuple[Any, Hashable, int, tuple[ServerPolicy, Decision, dict[str, str]]] | None
+        self.last = None
 
     def get(
         self, key: Hashable, policy: ServerPolicy
@@ -199,6 +203,13 @@ def authorize_request(  # noqa: PLR0913 - the facts of one request
     With `cache` (one per client connection: same client facts), a decision for the
     same policy object, port, method and target is reused.
     """
+    gen = worker.state.generation
+    if cache is not None:
+        last = cache.last
+        if last is not None and last[0] is head and last[1] is policy_key and last[2] == gen:
+            decision = last[3][1]
+            recorder().authz(last[3][2], allowed=decision.allowed, http=True)
+            return None if decision.allowed else deny_answer(decision, head.headers)
     policy = worker.state.get(policy_key)
     if not isinstance(policy, ServerPolicy):
         policy = default_policy(worker) if policy is None else ServerPolicy.invalid()
@@ -206,6 +217,7 @@ def authorize_request(  # noqa: PLR0913 - the facts of one request
     if cache is not None:
         hit = cache.get(ckey, policy)
         if hit is not None:
+            cache.last = (head, policy_key, gen, hit)
             decision = hit[1]
             recorder().authz(hit[2], allowed=decision.allowed, http=True)
             return None if decision.allowed else deny_answer(decision, head.headers)
@@ -220,7 +232,9 @@ def authorize_request(  # noqa: PLR0913 - the facts of one request
     decision = authorize(policy, facts)
     merged = {**labels, **decision.labels()}
     if cache is not None:
-        cache.put(ckey, (policy, decision, merged))
+        entry = (policy, decision, merged)
+        cache.put(ckey, entry)
+        cache.last = (head, policy_key, gen, entry)
     recorder().authz(merged, allowed=decision.allowed, http=True)
     if decision.allowed:
         return None

@@ -142,8 +142,19 @@ class OutboundRouter:
         self._labels: dict[tuple[str, str | None], dict[str, str]] = {}
         self._choices: dict[tuple[tuple[str, int], int], _Choice] = {}
         self._authz = inbound.AuthzCache()
+        self._memo: tuple[http1.RequestHead, int, httpproxy.Plan] | None = None
 
     def plan_now(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject | None:
+        gen = self.worker.state.generation
+        memo = self._memo
+        if memo is not None and memo[0] is head and memo[1] == gen:
+            return memo[2]  # the same head (parser cache) and state as last time
+        plan = self._plan_now(head)
+        if isinstance(plan, httpproxy.Plan):
+            self._memo = (head, gen, plan)
+        return plan
+
+    def _plan_now(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject | None:
         key: tuple[str, str] = self.key
         override = http1.dst_override(head.headers)
         if override:
@@ -193,9 +204,13 @@ class OutboundRouter:
                 self._labels.clear()
             self._labels[lkey] = labels
 
-        tried: list[tuple[str, int]] = []  # endpoints this request already tried
+        # Endpoints the current request already tried. The plan is reused by later requests
+        # with the same head (`plan_now`), one at a time: attempt 1 starts afresh.
+        tried: list[tuple[str, int]] = []
 
-        def choose(attempt: int) -> httpproxy.Target | httpproxy.Reject:  # noqa: ARG001
+        def choose(attempt: int) -> httpproxy.Target | httpproxy.Reject:
+            if attempt == 1:
+                tried.clear()
             return self._choose(entry, head, labels, tried)
 
         return httpproxy.Plan(
@@ -239,6 +254,17 @@ class OutboundRouter:
     def _choice(self, ep: Endpoint, labels: dict[str, str]) -> _Choice | UpstreamError:
         """The hop to `ep` and what a Target needs, reused while the state it read is the same."""
         state = self.worker.state
+        gen = state.generation
+        ckey = (ep.addr, id(labels))
+        got = self._choices.get(ckey)
+        if (  # nothing in the state changed since: only the certificate's clock can
+            got is not None
+            and got.gen == gen
+            and got.ep is ep
+            and got.base is labels
+            and (got.material is None or got.material.not_after > time.time())
+        ):
+            return got
         peer_key = state.get((POD_IP, ep.addr[0]))
         peer = state.get((POD, peer_key)) if peer_key is not None else None
         src = self.src
@@ -247,8 +273,6 @@ class OutboundRouter:
             if src is not None and ep.tls_identity is not None
             else None
         )
-        ckey = (ep.addr, id(labels))
-        got = self._choices.get(ckey)
         if (
             got is not None
             and got.ep is ep
@@ -257,6 +281,7 @@ class OutboundRouter:
             and got.material is material
             and (material is None or material.not_after > time.time())
         ):
+            got.gen = gen
             return got
         try:
             hop = hop_for(self.worker, src, self.netns, ep)
@@ -266,6 +291,7 @@ class OutboundRouter:
         if hop.kind == "local":
             rewrite = _client_id(src.identity if src is not None else None)
         got = _Choice(
+            gen=gen,
             ep=ep,
             base=labels,
             peer=peer,
@@ -311,11 +337,23 @@ _CACHE_MAX = 64  # entries per connection cache; cleared whole when full
 class _Choice:
     """A resolved hop to one endpoint, valid while `ep`, `base`, `peer`, `material` are."""
 
-    __slots__ = ("authz", "base", "ep", "hop", "labels", "material", "open", "peer", "rewrite")
+    __slots__ = (
+        "authz",
+        "base",
+        "ep",
+        "gen",
+        "hop",
+        "labels",
+        "material",
+        "open",
+        "peer",
+        "rewrite",
+    )
 
     def __init__(  # noqa: PLR0913 - plain record
         self,
         *,
+        gen: int,
         ep: Endpoint,
         base: dict[str, str],
         peer: Any,
@@ -325,6 +363,7 @@ class _Choice:
         rewrite: Any,
         labels: dict[str, str],
     ) -> None:
+        self.gen = gen  # the state generation it was checked against
         self.ep = ep
         self.base = base
         self.peer = peer

@@ -128,6 +128,7 @@ class WorkerState:
     """The worker's copy of the supervisor's state: opaque values by key."""
 
     def __init__(self, ask: Callable[[ch.Need], None]) -> None:
+        self.generation = 0  # bumped by every change: per-connection memos check it
         self._values: dict[Hashable, Any] = {}
         self._waiters: dict[Hashable, list[asyncio.Future[Any]]] = {}
         self._asked: set[Hashable] = set()
@@ -147,6 +148,7 @@ class WorkerState:
 
     def apply(self, msg: ch.StateUpdate | ch.StateDelete) -> None:
         """Apply one update from the supervisor; wake `want`ers of that key."""
+        self.generation += 1
         if isinstance(msg, ch.StateDelete):
             self._values.pop(msg.key, None)
             return

@@ -624,6 +624,32 @@ async def test_inbound_deny_answers_403(world):
     assert http1.get_header(ghead.headers, b"grpc-status") == b"7"
 
 
+async def test_policy_change_applies_to_the_next_identical_request_on_a_live_connection(world):
+    """Per-connection memos (same head object, same state) must not outlive a state change."""
+    remote, local = ("policy", "shop/web2", 8080), ("policy", "shop/web1", 8080)
+    c_remote = await Client.connect(world.pods["a"], (VIP_WEB, 80))
+    c_local = await Client.connect(world.pods["a"], (VIP_LOCAL, 80))
+    try:
+        for _ in range(3):
+            assert (await c_remote.request("/same"))[0] == 200
+            assert (await c_local.request("/same"))[0] == 200
+        world.push("n2", remote, allow_identities(BETA, name="beta-only"))
+        world.push("n1", local, allow_identities(BETA, name="beta-only-here"))
+        await asyncio.sleep(0.3)  # the broadcast reaches every worker
+        assert (await c_remote.request("/same"))[0] == 403
+        assert (await c_local.request("/same"))[0] == 403
+        world.push("n2", remote, ServerPolicy.default("all-authenticated"))
+        world.push("n1", local, allow_identities(ALPHA, name="web1-alpha"))
+        await asyncio.sleep(0.3)
+        assert (await c_remote.request("/same"))[0] == 200
+        assert (await c_local.request("/same"))[0] == 200
+    finally:
+        world.push("n2", remote, ServerPolicy.default("all-authenticated"))
+        world.push("n1", local, allow_identities(ALPHA, name="web1-alpha"))
+        c_remote.close()
+        c_local.close()
+
+
 async def test_opaque_relay_is_byte_exact_for_1_mib(world):
     sock = await raw_connect(world.pods["a"], (VIP_ECHO, 9000))
     loop = asyncio.get_running_loop()
