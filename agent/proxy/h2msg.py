@@ -15,11 +15,18 @@ Rules:
    dropped before the proxy adds its own (`with_client_id`).
 3. `grpc-status` is read from trailers, or from the response headers of a
    trailers-only response; a missing or unparsable value is None.
+4. What the proxy sends is valid without h2's outbound checks (the shell
+   turns them off: they cost a third of a forwarded stream): forwarded
+   headers were validated by h2 when received, and the proxy's own
+   (`answer_headers`, `with_client_id`) are built valid. `protect` keeps
+   credentials out of the HPACK table as h2's outbound normalization did.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from hpack import NeverIndexedHeaderTuple
 
 from agent.proxy import http1
 
@@ -30,6 +37,8 @@ GRPC_PERMISSION_DENIED = 7
 GRPC_UNAVAILABLE = 14
 CLIENT_ID = b"l5d-client-id"
 _GRPC_FOR_STATUS = {403: GRPC_PERMISSION_DENIED, 404: 12, 504: GRPC_DEADLINE_EXCEEDED}
+_SECRET = frozenset((b"authorization", b"proxy-authorization"))
+_SHORT_COOKIE = 20  # shorter cookies are guessable through the HPACK table (as nghttp2)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +91,22 @@ def with_client_id(headers: H2Headers, identity: str | None) -> H2Headers:
     return out
 
 
+def protect(headers: H2Headers) -> H2Headers:
+    """`headers` with credentials and short cookies never indexed by HPACK (rule 4).
+
+    Returns `headers` itself when nothing needs marking (the common case).
+    """
+    out: H2Headers | None = None
+    for i, (key, value) in enumerate(headers):
+        if (key in _SECRET or (key == b"cookie" and len(value) < _SHORT_COOKIE)) and not (
+            isinstance(headers[i], NeverIndexedHeaderTuple)
+        ):
+            if out is None:
+                out = list(headers)
+            out[i] = NeverIndexedHeaderTuple(key, value)
+    return headers if out is None else out
+
+
 def answer_for(status: int, message: str, *, grpc: bool) -> Answer:
     """The proxy answer for a failed request: gRPC code from the HTTP status when gRPC."""
     if not grpc:
@@ -93,7 +118,8 @@ def answer_for(status: int, message: str, *, grpc: bool) -> Answer:
 def answer_headers(answer: Answer) -> H2Headers:
     """The response headers (sent with END_STREAM) of a proxy answer (rule 1)."""
     if answer.grpc is not None:
-        return [(b":status", b"200"), *http1.grpc_error_headers(answer.grpc, answer.message)]
+        grpc = http1.grpc_error_headers(answer.grpc, answer.message)
+        return [(b":status", b"200"), *((k, _valid(v)) for k, v in grpc)]
     return [
         (b":status", b"%d" % answer.status),
         (http1.PROXY_ERROR, _text(answer.message)),
@@ -127,4 +153,12 @@ def request_head(headers: H2Headers) -> http1.RequestHead:
 
 
 def _text(message: str) -> bytes:
-    return message.encode("ascii", "replace").replace(b"\r", b" ").replace(b"\n", b" ")
+    return _valid(message.encode("ascii", "replace"))
+
+
+def _valid(value: bytes) -> bytes:
+    """A header value h2 would accept: no NUL, CR, LF; no surrounding whitespace (rule 4)."""
+    return value.translate(_SQUASH).strip(b" \t")
+
+
+_SQUASH = bytes.maketrans(b"\0\r\n", b"   ")

@@ -36,6 +36,13 @@ Rules:
    upstream, `recorder().response` when its response ends (or the proxy
    answered); `record.REQUEST` holds an HTTP/1-shaped head of the stream's
    request in the stream's task.
+8. Cost per stream is mostly h2's own work, so the shell adds little: frames
+   of every stream go out in one write per connection per loop iteration
+   (`flush` schedules it; `queued` writes at once past `FLUSH_BYTES` of DATA
+   so `drained` sees the transport's buffer); h2's outbound header checks
+   are off (h2msg rule 4: what is forwarded was checked when received); a
+   bodiless request gets no request-body task; a plain end queued behind
+   DATA goes in that DATA's last frame.
 """
 
 from __future__ import annotations
@@ -76,10 +83,12 @@ CONN_WINDOW = 8 << 20
 MAX_FRAME = 1 << 14
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
+FLUSH_BYTES = 64 * 1024  # DATA queued in h2 past this is written at once (rule 8)
 IDLE_TIMEOUT_S = 60.0
 ANSWER_DRAIN_S = 5.0  # after answering early, how long the rest of a request is read
 CANCEL = h2.errors.ErrorCodes.CANCEL
 NO_ERROR = h2.errors.ErrorCodes.NO_ERROR
+_NO_TIMEOUT = contextlib.nullcontext()  # reusable; asyncio.timeout(None) costs a task lookup
 
 Opener = Callable[[Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, Any]]]
 
@@ -195,6 +204,10 @@ class H2Stream:
             raise StreamGoneError(item.code)
         return item
 
+    def peek_end(self) -> bool:
+        """Whether the next item is the plain end of the stream (not trailers)."""
+        return bool(self.items) and isinstance(self.items[0], End)
+
     def ack(self, flow: int) -> None:
         """Bytes of one DATA item were passed on: open the sender's window again (rule 2)."""
         self.conn.ack(self.sid, flow)
@@ -207,7 +220,7 @@ class H2Stream:
         """
         self._check()
         try:
-            self.conn.h2.send_headers(self.sid, headers, end_stream=end)
+            self.conn.h2.send_headers(self.sid, h2msg.protect(headers), end_stream=end)
         except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
             raise self._lost(exc) from exc
         self.local_ended = self.local_ended or end
@@ -215,8 +228,9 @@ class H2Stream:
         if self.local_ended and self.remote_ended:
             self.conn.forget(self)
 
-    async def send_data(self, data: bytes) -> None:
-        """Send `data`, waiting for window and for the transport to drain (rule 2).
+    async def send_data(self, data: bytes, *, end: bool = False) -> None:
+        """Send `data` (ending the stream with its last frame when `end`), waiting for
+        window and for the transport to drain (rule 2).
 
         Raises:
             StreamGoneError: the stream is gone.
@@ -233,13 +247,20 @@ class H2Stream:
             if size <= 0:
                 await conn.wait_window()
                 continue
+            last = size == len(view)
+            chunk = data if last and size == len(data) else view[:size].tobytes()
             try:
-                conn.h2.send_data(self.sid, view[:size].tobytes())
+                conn.h2.send_data(self.sid, chunk, end_stream=end and last)
             except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
                 raise self._lost(exc) from exc
             view = view[size:]
-            conn.flush()
+            conn.queued(size)
+            if end and last:
+                self._ended()
+                return
             await conn.drained()
+        if end:
+            self.end()
 
     def end(self) -> None:
         """End our side of the stream (no-op when already ended).
@@ -254,8 +275,11 @@ class H2Stream:
             self.conn.h2.end_stream(self.sid)
         except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
             raise self._lost(exc) from exc
-        self.local_ended = True
         self.conn.flush()
+        self._ended()
+
+    def _ended(self) -> None:
+        self.local_ended = True
         if self.remote_ended:
             self.conn.forget(self)
 
@@ -300,7 +324,12 @@ class H2Conn(asyncio.Protocol):
     """One h2 connection (either side); see the module rules."""
 
     def __init__(self, *, client_side: bool) -> None:
-        config = h2.config.H2Configuration(client_side=client_side, header_encoding=None)
+        config = h2.config.H2Configuration(
+            client_side=client_side,
+            header_encoding=None,
+            validate_outbound_headers=False,  # h2msg rule 4 (rule 8)
+            normalize_outbound_headers=False,
+        )
         self.h2 = h2.connection.H2Connection(config=config)
         self.client_side = client_side
         self.transport: asyncio.Transport | None = None
@@ -310,6 +339,8 @@ class H2Conn(asyncio.Protocol):
         self.going_away = False
         self.pool_key: Hashable = None
         self._write_paused = False
+        self._flush_soon = False
+        self._queued = 0  # DATA bytes handed to h2 since the last write
         self._waiters: list[asyncio.Future[None]] = []  # window or drain or news
         self._idle: asyncio.TimerHandle | None = None
         self.on_idle: Callable[[H2Conn], None] | None = None
@@ -443,6 +474,25 @@ class H2Conn(asyncio.Protocol):
     # --- helpers -------------------------------------------------------------------
 
     def flush(self) -> None:
+        """Write what h2 queued at the end of this loop iteration (rule 8): one write for
+        the frames of every stream that sent something meanwhile."""
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self.flush_now)
+
+    def queued(self, size: int) -> None:
+        """`size` DATA bytes went to h2: write soon, or now past `FLUSH_BYTES` so that
+        the transport's buffer (and so `drained`) sees them (rule 2)."""
+        self._queued += size
+        if self._queued >= FLUSH_BYTES:
+            self.flush_now()
+        else:
+            self.flush()
+
+    def flush_now(self) -> None:
+        """Write what h2 queued now."""
+        self._flush_soon = False
+        self._queued = 0
         data = self.h2.data_to_send()
         tr = self.transport
         if data and tr is not None and not tr.is_closing():
@@ -521,8 +571,8 @@ class H2Conn(asyncio.Protocol):
             return False
         if self.transport.is_closing():
             return False
-        limit = self.h2.remote_settings.max_concurrent_streams
-        return self.h2.open_outbound_streams < limit
+        # Our own count: h2's `open_outbound_streams` walks every stream.
+        return len(self.streams) < self.h2.remote_settings.max_concurrent_streams
 
     def open_stream(self, headers: H2Headers, *, end: bool) -> H2Stream:
         """Start a request stream.
@@ -534,7 +584,7 @@ class H2Conn(asyncio.Protocol):
             sid = self.h2.get_next_available_stream_id()
             stream = H2Stream(self, sid)
             self.streams[sid] = stream
-            self.h2.send_headers(sid, headers, end_stream=end)
+            self.h2.send_headers(sid, h2msg.protect(headers), end_stream=end)
         except (h2.exceptions.ProtocolError, h2.exceptions.NoAvailableStreamIDError) as exc:
             self.going_away = True
             raise StreamGoneError(h2.errors.ErrorCodes.REFUSED_STREAM) from exc
@@ -547,7 +597,7 @@ class H2Conn(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             with contextlib.suppress(h2.exceptions.ProtocolError):
                 self.h2.close_connection()
-            self.flush()
+            self.flush_now()
             self.transport.close()
 
 
@@ -716,10 +766,9 @@ async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> No
         recorder().request(router.direction, routed.labels)
         deadline = t0 + routed.timeout_s if routed.timeout_s is not None else None
         try:
-            async with asyncio.timeout_at(deadline):
+            async with _NO_TIMEOUT if deadline is None else asyncio.timeout_at(deadline):
                 up = await pool.stream(routed.key, routed.open, routed.headers, end=down.bodiless)
-                _link(down, up)
-                pump = aio.spawn(_pump(down, up), name=f"h2-request-{down.sid}")
+                pump = _link(down, up)
                 head = await _response_head(up)
         except (TimeoutError, UpstreamError) as exc:
             if pump is not None:
@@ -765,10 +814,13 @@ def _close(stream: H2Stream) -> None:
     stream.conn.forget(stream)
 
 
-def _link(down: H2Stream, up: H2Stream) -> None:
-    """Resets travel both ways (rule 3)."""
+def _link(down: H2Stream, up: H2Stream) -> asyncio.Task[int | None] | None:
+    """Resets travel both ways (rule 3); the task forwarding the request body, if any."""
     down.on_reset = lambda _code: up.reset(CANCEL)
     up.on_reset = down.reset
+    if up.local_ended:  # the request had no body: no task for it
+        return None
+    return aio.spawn(_pump(down, up), name="h2-request-body")
 
 
 async def _response_head(up: H2Stream) -> Head:
@@ -811,15 +863,8 @@ async def _pump(src: H2Stream, dst: H2Stream, *, propagate: bool = False) -> int
         while True:
             item = await src.next()
             if isinstance(item, Data):
-                try:
-                    await dst.send_data(item.data)
-                except StreamGoneError:
-                    if dst.gone == NO_ERROR and dst.remote_ended:
-                        await _discard_rest(src)  # the response is complete: rule 3
-                        return None
-                    raise
-                finally:
-                    src.ack(item.flow)
+                if await _forward(src, dst, item):
+                    return None
             elif isinstance(item, Trailers):
                 dst.send_headers(item.headers, end=True)
                 return h2msg.grpc_status(item.headers)
@@ -835,6 +880,28 @@ async def _pump(src: H2Stream, dst: H2Stream, *, propagate: bool = False) -> int
         if propagate:
             raise
         return None
+
+
+async def _forward(src: H2Stream, dst: H2Stream, item: Data) -> bool:
+    """Send one DATA item on, then acknowledge it to `src`'s sender; True when the
+    stream is over for `dst` (the plain end queued behind it went in the last frame).
+
+    Raises:
+        StreamGoneError: `dst` is gone (and not just done reading a complete stream).
+    """
+    end = src.peek_end()
+    try:
+        await dst.send_data(item.data, end=end)
+    except StreamGoneError:
+        if dst.gone == NO_ERROR and dst.remote_ended:
+            await _discard_rest(src)  # the response is complete: rule 3
+            return True
+        raise
+    finally:
+        src.ack(item.flow)
+    if end and src.peek_end():
+        src.items.popleft()
+    return end
 
 
 async def _discard_rest(src: H2Stream) -> None:

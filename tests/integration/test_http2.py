@@ -43,6 +43,7 @@ pytestmark = [pytest.mark.privileged, pytest.mark.asyncio(loop_scope="module")]
 VIP_REMOTE = "10.96.1.10"  # g2:50051 + g2:50052 on n2 (mTLS)
 VIP_LOCAL = "10.96.1.11"  # g1:50051 + g1:50052 on n1 (same-node path)
 VIP_SLOW = "10.96.1.12"  # g2:50051 with a 0.3 s route timeout on /t.T/Slow
+VIP_LOAD = "10.96.1.13"  # g2:50051 + g2:50052, balanced only by the endpoint-removal test
 PORTS = (50051, 50052)
 MiB = 1 << 20
 
@@ -224,6 +225,9 @@ async def world(lab, pki):
         w.push("n2", ("tls", WEB.dns_name), pki.material(WEB))
         w.push("n1", ("dst", f"{VIP_REMOTE}:50051"), _dst(VIP_REMOTE, pods["g2"]))
         w.push("n1", ("dst", f"{VIP_LOCAL}:50051"), _dst(VIP_LOCAL, pods["g1"]))
+        # Its own balancer: another test's long streaming call leaves a peak RTT
+        # on one VIP_REMOTE endpoint, which P2C then avoids for seconds.
+        w.push("n1", ("dst", f"{VIP_LOAD}:50051"), _dst(VIP_LOAD, pods["g2"]))
         slow = Route(name="slow", condition=PathRegex("/t.T/Slow"), timeout_s=0.3)
         w.push(
             "n1",
@@ -285,18 +289,18 @@ async def test_policy_denies_with_permission_denied_and_allows_alpha(world, wher
 
 
 async def test_endpoint_removed_mid_load_loses_no_call(world):
-    key = ("dst", f"{VIP_REMOTE}:50051")
+    key = ("dst", f"{VIP_LOAD}:50051")
     pod = world.pods["a"]
-    argv = [sys.executable, "-c", CLIENT, "load", f"{VIP_REMOTE}:50051", "2.5"]
+    argv = [sys.executable, "-c", CLIENT, "load", f"{VIP_LOAD}:50051", "2.5"]
     proc = pod.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         await asyncio.sleep(1.0)
-        world.push("n1", key, _dst(VIP_REMOTE, world.pods["g2"], (50051,)))
+        world.push("n1", key, _dst(VIP_LOAD, world.pods["g2"], (50051,)))
         removed_at = time.monotonic()
         stdout, stderr = await asyncio.to_thread(proc.communicate, timeout=60)
     finally:
         world.lab.untrack(proc)
-        world.push("n1", key, _dst(VIP_REMOTE, world.pods["g2"]))
+        world.push("n1", key, _dst(VIP_LOAD, world.pods["g2"]))
     assert proc.returncode == 0, stderr
     servers = json.loads(stdout)["servers"]
     assert len(servers) > 50

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import h2.config
+import h2.connection
+import h2.events
+from hpack import NeverIndexedHeaderTuple
+from hypothesis import given
+from hypothesis import strategies as st
+
 from agent.proxy import h2msg
 
 GRPC_REQ = [
@@ -58,3 +65,55 @@ def test_request_head_for_the_recorder_names_method_path_and_host():
     assert (head.method, head.target) == (b"POST", b"/t.T/Echo?x=1")
     assert (b"host", b"svc:50051") in head.headers
     assert all(not k.startswith(b":") for k, _ in head.headers)
+
+
+def test_credentials_and_short_cookies_are_marked_never_indexed_and_nothing_else():
+    headers = [
+        (b":method", b"GET"),
+        (b"authorization", b"Bearer t"),
+        (b"proxy-authorization", b"Basic x"),
+        (b"cookie", b"short=1"),
+        (b"cookie", b"long=" + b"x" * 40),
+        (b"x-other", b"v"),
+    ]
+    out = h2msg.protect(headers)
+    never = [isinstance(h, NeverIndexedHeaderTuple) for h in out]
+    assert never == [False, True, True, True, False, False]
+    assert [tuple(h) for h in out] == headers  # same names and values, same order
+    assert not isinstance(headers[1], NeverIndexedHeaderTuple)  # the input is left alone
+
+
+def test_protect_returns_the_same_list_when_nothing_needs_marking():
+    plain = [(b":status", b"200"), (b"content-type", b"text/plain")]
+    assert h2msg.protect(plain) is plain
+    marked = [NeverIndexedHeaderTuple(b"authorization", b"x")]
+    assert h2msg.protect(marked) is marked
+
+
+def _h2_pair() -> tuple[h2.connection.H2Connection, h2.connection.H2Connection, int]:
+    """A client and a server h2 connection (both validating) with one open request stream."""
+    client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding=None))
+    server = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    client.initiate_connection()
+    server.initiate_connection()
+    request = [(b":method", b"GET"), (b":path", b"/"), (b":scheme", b"http"), (b":authority", b"a")]
+    client.send_headers(1, request, end_stream=True)
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    return client, server, 1
+
+
+@given(
+    status=st.sampled_from([403, 502, 503, 504]),
+    message=st.text(max_size=60),
+    grpc=st.booleans(),
+)
+def test_answers_pass_h2_validation_on_both_sides_whatever_the_message(status, message, grpc):
+    client, server, sid = _h2_pair()
+    headers = h2msg.answer_headers(h2msg.answer_for(status, message, grpc=grpc))
+    server.send_headers(sid, headers, end_stream=True)  # h2's outbound checks are on here
+    events = client.receive_data(server.data_to_send())  # and its inbound ones
+    got = next(e for e in events if isinstance(e, h2.events.ResponseReceived))
+    assert h2msg.status_of(list(got.headers)) == (200 if grpc else status)

@@ -1,0 +1,540 @@
+"""The HTTP/2 per-stream proxy (agent.proxy.http2) on real loopback sockets, on uvloop.
+
+Each test runs one loop holding an h2 client, the proxy front (accept, pause,
+`http2.serve` with a small `StreamRouter`) and an h2 upstream server, all on
+127.0.0.1 in this process. Client and upstream are written here with the `h2`
+library directly, so the proxy is not checked against itself.
+
+Upstream paths: `/echo` answers the request body back, `/big/N` answers N
+bytes of `b"z"`, `/grpc` answers a body and trailers with grpc-status 0,
+`/reset` resets the stream with ENHANCE_YOUR_CALM, `/hang` never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.settings
+from hpack import NeverIndexedHeaderTuple
+
+from agent import aio
+from agent.proxy import h2msg, http2
+
+MiB = 1 << 20
+
+
+# --- upstream server ---------------------------------------------------------------------
+
+
+class _Upstream(asyncio.Protocol):
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
+        self.h2 = h2.connection.H2Connection(config=config)
+        self.transport: asyncio.Transport | None = None
+        self.bodies: dict[int, bytearray] = {}
+        self.paths: dict[int, bytes] = {}
+        self.sending: dict[int, bytes] = {}  # what is left to send per stream (flow control)
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.rig.upstream_conns += 1
+        self.h2.local_settings = h2.settings.Settings(
+            client=False, initial_values={h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100}
+        )
+        self.h2.initiate_connection()
+        self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        for ev in self.h2.receive_data(data):
+            self._event(ev)
+        self._pump()
+        self._flush()
+
+    def _event(self, ev: h2.events.Event) -> None:
+        if isinstance(ev, h2.events.RequestReceived):
+            headers = list(ev.headers)
+            self.rig.upstream_heads.append(headers)
+            self.paths[ev.stream_id] = h2msg.header(headers, b":path") or b""
+            self.bodies[ev.stream_id] = bytearray()
+        elif isinstance(ev, h2.events.DataReceived):
+            self.bodies[ev.stream_id] += ev.data
+            self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+        elif isinstance(ev, h2.events.StreamEnded):
+            self._answer(ev.stream_id)
+        elif isinstance(ev, h2.events.StreamReset):
+            self.rig.upstream_resets.append(ev.error_code)
+            self.sending.pop(ev.stream_id, None)
+
+    def _answer(self, sid: int) -> None:
+        path = self.paths[sid]
+        if path == b"/reset":
+            self.h2.reset_stream(sid, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        elif path == b"/hang":
+            pass
+        elif path == b"/grpc":
+            self.h2.send_headers(
+                sid, [(b":status", b"200"), (b"content-type", b"application/grpc")]
+            )
+            self.h2.send_data(sid, b"\0\0\0\0\2ok")
+            self.h2.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
+        else:
+            body = bytes(self.bodies[sid]) if path == b"/echo" else b"z" * int(path.split(b"/")[2])
+            self.h2.send_headers(sid, [(b":status", b"200")])
+            self.sending[sid] = body
+
+    def _pump(self) -> None:
+        for sid, body in list(self.sending.items()):
+            left = body
+            while True:
+                size = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size)
+                if left and size <= 0:
+                    break
+                chunk, left = left[:size], left[size:]
+                self.h2.send_data(sid, chunk, end_stream=not left)
+                self.rig.upstream_sent += len(chunk)
+                if not left:
+                    break
+            if left:
+                self.sending[sid] = left
+            else:
+                del self.sending[sid]
+
+    def _flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+
+# --- proxy front and router --------------------------------------------------------------
+
+
+class _Front(asyncio.Protocol):
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.pause_reading()
+        task = aio.spawn(
+            http2.serve(self.transport, self.rig, self.rig.pool, data, eof=False), name="serve"
+        )
+        self.rig.tasks.append(task)
+
+
+class Rig:
+    """client -> proxy (`http2.serve`, this object as the router) -> upstream."""
+
+    direction = "outbound"
+
+    def __init__(self, *, timeout_s: float | None = None) -> None:
+        self.timeout_s = timeout_s
+        self.pool = http2.H2Pool()
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.upstream_conns = 0
+        self.upstream_heads: list[list[tuple[bytes, bytes]]] = []
+        self.upstream_resets: list[int] = []
+        self.upstream_sent = 0
+
+    async def __aenter__(self) -> Self:
+        loop = asyncio.get_running_loop()
+        self.up = await loop.create_server(lambda: _Upstream(self), "127.0.0.1", 0)
+        self.up_addr = self.up.sockets[0].getsockname()
+        self.front = await loop.create_server(lambda: _Front(self), "127.0.0.1", 0)
+        self.front_addr = self.front.sockets[0].getsockname()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.front.close()
+        self.pool.close()
+        await aio.cancel_and_wait(self.tasks)
+        self.up.close()
+        await self.front.wait_closed()
+        await self.up.wait_closed()
+
+    async def route(self, headers: h2msg.H2Headers) -> http2.Routed | h2msg.Answer:
+        if h2msg.header(headers, b":path") == b"/deny":
+            return h2msg.Answer(status=200, message="denied", grpc=h2msg.GRPC_PERMISSION_DENIED)
+        loop = asyncio.get_running_loop()
+
+        async def opener(factory):
+            return await loop.create_connection(factory, *self.up_addr)
+
+        return http2.Routed(key="up", open=opener, headers=headers, timeout_s=self.timeout_s)
+
+    async def client(self, **kw: Any) -> Client:
+        loop = asyncio.get_running_loop()
+        _, client = await loop.create_connection(lambda: Client(**kw), *self.front_addr)
+        return client
+
+
+# --- client ------------------------------------------------------------------------------
+
+
+@dataclass
+class Response:
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: bytearray = field(default_factory=bytearray)
+    trailers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    reset: int | None = None
+    data_frames: int = 0
+    done: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Client(asyncio.Protocol):
+    """An h2 client: requests with bodies; reads responses, acknowledging unless `hold`."""
+
+    def __init__(self, *, hold: bool = False) -> None:
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        self.h2 = h2.connection.H2Connection(config=config)
+        self.hold = hold
+        self.responses: dict[int, Response] = {}
+        self.uploads: dict[int, bytes] = {}
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.h2.initiate_connection()
+        self._flush()
+
+    def data_received(self, data: bytes) -> None:
+        for ev in self.h2.receive_data(data):
+            self._event(ev)
+        self._upload()
+        self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - Protocol API
+        for r in self.responses.values():
+            if not r.done.done():
+                r.done.set_exception(ConnectionError("lost"))
+
+    def _event(self, ev: h2.events.Event) -> None:
+        r = self.responses.get(getattr(ev, "stream_id", 0) or 0)
+        if r is None:
+            return
+        if isinstance(ev, h2.events.ResponseReceived):
+            r.headers = list(ev.headers)
+        elif isinstance(ev, h2.events.DataReceived):
+            r.body += ev.data
+            r.data_frames += 1
+            if not self.hold:
+                self.h2.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+        elif isinstance(ev, h2.events.TrailersReceived):
+            r.trailers = list(ev.headers)
+        elif isinstance(ev, h2.events.StreamEnded):
+            if not r.done.done():
+                r.done.set_result(None)
+        elif isinstance(ev, h2.events.StreamReset):
+            r.reset = ev.error_code
+            if not r.done.done():
+                r.done.set_result(None)
+
+    def request(
+        self,
+        path: bytes,
+        body: bytes = b"",
+        extra: list[tuple[bytes, bytes]] | None = None,
+        *,
+        flush: bool = True,
+    ) -> Response:
+        sid = self.h2.get_next_available_stream_id()
+        method = b"POST" if body else b"GET"
+        headers = [
+            (b":method", method),
+            (b":path", path),
+            (b":scheme", b"http"),
+            (b":authority", b"svc"),
+            *(extra or []),
+        ]
+        self.h2.send_headers(sid, headers, end_stream=not body)
+        self.responses[sid] = Response()
+        if body:
+            self.uploads[sid] = body
+            self._upload()
+        if flush:
+            self._flush()
+        return self.responses[sid]
+
+    def reset(self, response: Response) -> None:
+        sid = next(s for s, r in self.responses.items() if r is response)
+        self.h2.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+        self._flush()
+
+    def _upload(self) -> None:
+        for sid, body in list(self.uploads.items()):
+            left = body
+            size = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size)
+            while left and size > 0:
+                self.h2.send_data(sid, left[:size], end_stream=size >= len(left))
+                left = left[size:]
+                size = min(self.h2.local_flow_control_window(sid), self.h2.max_outbound_frame_size)
+            if left:
+                self.uploads[sid] = left
+            else:
+                del self.uploads[sid]
+
+    def flush(self) -> None:
+        self._flush()
+
+    def _flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _WriteCounter:
+    """The real transport, counting `write` calls (the proxy's writes towards upstream)."""
+
+    def __init__(self, real: asyncio.Transport) -> None:
+        self.real = real
+        self.writes: list[int] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(len(data))
+        self.real.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+async def _wait(*responses: Response, limit_s: float = 10) -> None:
+    async with asyncio.timeout(limit_s):
+        await asyncio.gather(*(r.done for r in responses))
+
+
+# --- tests -------------------------------------------------------------------------------
+
+
+def test_a_thousand_streams_200_at_once_on_one_connection_complete_on_two_upstreams():
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            try:
+                batches = []
+                for b in range(5):  # 5 x 200 in flight at once: under the 1000 we advertise
+                    rs = [client.request(b"/echo", b"%d-%d" % (b, i)) for i in range(200)]
+                    await _wait(*rs)
+                    batches.append(rs)
+                for b, rs in enumerate(batches):
+                    assert [h2msg.status_of(r.headers) for r in rs] == [200] * 200
+                    assert [bytes(r.body) for r in rs] == [b"%d-%d" % (b, i) for i in range(200)]
+                    assert all(r.reset is None for r in rs)
+                # The upstream takes 100 streams at once: a second connection, no more.
+                assert rig.upstream_conns == 2
+                assert rig.pool.opened == 2
+            finally:
+                client.close()
+
+    aio.run(main())
+
+
+def test_eight_mib_both_ways_cross_the_proxy_byte_exact_under_flow_control():
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            try:
+                up_body = bytes(range(256)) * (32 * 1024)  # 8 MiB, peers' windows 64 KiB
+                r_up = client.request(b"/echo", up_body)
+                r_down = client.request(b"/big/%d" % (8 * MiB))
+                await _wait(r_up, r_down, limit_s=30)
+                assert r_up.body == up_body
+                assert len(r_down.body) == 8 * MiB
+                assert r_down.body == b"z" * (8 * MiB)
+            finally:
+                client.close()
+
+    aio.run(main())
+
+
+def test_a_client_that_stops_reading_stops_the_upstream_within_the_windows():
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client(hold=True)  # never acknowledges DATA
+            try:
+                r = client.request(b"/big/%d" % (32 * MiB))
+                await asyncio.sleep(1.0)
+                # client's window (64 KiB) + what the proxy may hold for one stream
+                # (the window it advertises upstream) + socket buffers; not 32 MiB.
+                bound = 65535 + http2.STREAM_WINDOW + 4 * MiB
+                assert 0 < rig.upstream_sent < bound
+                assert len(r.body) <= 65535
+                assert not r.done.done()
+            finally:
+                client.close()
+
+    aio.run(main())
+
+
+def test_a_body_and_its_end_arrive_in_one_data_frame():
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            try:
+                rs = [client.request(b"/big/10") for _ in range(20)]
+                await _wait(*rs)
+                assert [bytes(r.body) for r in rs] == [b"z" * 10] * 20
+                # One DATA frame each, carrying END_STREAM: no empty frame just to end.
+                assert [r.data_frames for r in rs] == [1] * 20
+            finally:
+                client.close()
+
+    aio.run(main())
+
+
+def test_trailers_with_grpc_status_pass_through():
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            try:
+                r = client.request(b"/grpc", b"\0\0\0\0\2hi")
+                await _wait(r)
+                assert bytes(r.body) == b"\0\0\0\0\2ok"
+                assert r.trailers == [(b"grpc-status", b"0")]
+            finally:
+                client.close()
+
+    aio.run(main())
+
+
+def test_router_answer_is_trailers_only_grpc_status_7_and_others_go_on():
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            try:
+                deny = client.request(b"/deny", b"body", [(b"content-type", b"application/grpc")])
+                ok = client.request(b"/echo", b"fine")
+                await _wait(deny, ok)
+                assert h2msg.status_of(deny.headers) == 200
+                assert h2msg.grpc_status(deny.headers) == 7
+                assert h2msg.header(deny.headers, b"l5d-proxy-error") == b"denied"
+                assert bytes(ok.body) == b"fine"
+                assert rig.upstream_heads[0][1] == (b":path", b"/echo")  # deny never went up
+                assert len(rig.upstream_heads) == 1
+            finally:
+                client.close()
+
+    aio.run(main())
+
+
+def test_resets_travel_both_ways_and_end_only_their_stream():
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            try:
+                upstream_reset = client.request(b"/reset")
+                hang = client.request(b"/hang")
+                ok = client.request(b"/echo", b"x")
+                await _wait(upstream_reset, ok)
+                assert upstream_reset.reset == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+                assert bytes(ok.body) == b"x"
+                client.reset(hang)
+                async with asyncio.timeout(5):
+                    while not rig.upstream_resets:  # noqa: ASYNC110 - set by the upstream
+                        await asyncio.sleep(0.01)
+                assert rig.upstream_resets == [h2.errors.ErrorCodes.CANCEL]
+                after = client.request(b"/echo", b"still")
+                await _wait(after)
+                assert bytes(after.body) == b"still"
+            finally:
+                client.close()
+
+    aio.run(main())
+
+
+def test_route_timeout_answers_504_and_cancels_upstream():
+    async def main() -> None:
+        async with Rig(timeout_s=0.2) as rig:
+            client = await rig.client()
+            try:
+                r = client.request(b"/hang")
+                await _wait(r)
+                assert h2msg.status_of(r.headers) == 504
+                async with asyncio.timeout(5):
+                    while not rig.upstream_resets:  # noqa: ASYNC110 - set by the upstream
+                        await asyncio.sleep(0.01)
+                assert rig.upstream_resets == [h2.errors.ErrorCodes.CANCEL]
+            finally:
+                client.close()
+
+    aio.run(main())
+
+
+def test_credentials_are_forwarded_never_indexed():
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            try:
+                extra = [(b"authorization", b"Bearer secret"), (b"x-plain", b"v")]
+                r = client.request(b"/echo", b"", extra)
+                await _wait(r)
+                head = dict(rig.upstream_heads[0])
+                assert head[b"authorization"] == b"Bearer secret"
+                auth = next(h for h in rig.upstream_heads[0] if h[0] == b"authorization")
+                plain = next(h for h in rig.upstream_heads[0] if h[0] == b"x-plain")
+                assert isinstance(auth, NeverIndexedHeaderTuple)
+                assert not isinstance(plain, NeverIndexedHeaderTuple)
+            finally:
+                client.close()
+
+    aio.run(main())
+
+
+def test_frames_of_many_streams_sent_in_one_loop_iteration_leave_in_one_write():
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            try:
+                warm = client.request(b"/echo", b"w")
+                await _wait(warm)
+                conn = rig.pool._conns["up"][0]  # the one upstream connection
+                assert conn.transport is not None
+                spy = _WriteCounter(conn.transport)
+                conn.transport = spy  # type: ignore[assignment]
+                try:
+                    rs = [client.request(b"/echo", b"%d" % i, flush=False) for i in range(50)]
+                    client.flush()  # the 50 requests reach the proxy in one write
+                    await _wait(*rs)
+                finally:
+                    conn.transport = spy.real
+                assert [bytes(r.body) for r in rs] == [b"%d" % i for i in range(50)]
+                # 50 streams' HEADERS + DATA: a few writes, not one or more per frame.
+                assert 0 < len(spy.writes) <= 10, spy.writes
+            finally:
+                client.close()
+
+    aio.run(main())
+
+
+def test_closing_the_client_connection_resets_the_upstream_streams():
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            rs = [client.request(b"/hang") for _ in range(3)]
+            await asyncio.sleep(0.2)
+            client.close()
+            async with asyncio.timeout(5):
+                while len(rig.upstream_resets) < 3:  # noqa: ASYNC110 - set by the upstream
+                    await asyncio.sleep(0.01)
+            assert rig.upstream_resets == [h2.errors.ErrorCodes.CANCEL] * 3
+            for r in rs:
+                with contextlib.suppress(ConnectionError):
+                    await r.done
+
+    aio.run(main())
