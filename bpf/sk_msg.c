@@ -1,44 +1,139 @@
 /* sk_msg on ma_accel_socks (opt-in acceleration): a message sent on a
- * recorded loopback socket goes straight into its peer's receive queue,
+ * recorded socket end goes straight into its peer's receive queue,
  * skipping the TCP stack.
  *
- * Bulk writes through redirects failed with ENOMEM (DESIGN.md, kernel notes),
- * so only messages up to the pod's accel_max_msg are redirected. The first
- * larger one switches that socket end to the TCP path for good: the reader
- * drains redirected bytes before TCP bytes, so one switch keeps the order,
- * switching back could not. A redirect that finds no peer passes to TCP.
+ * A redirected message lands in the peer's queue at once, whether or not the
+ * peer reads: nothing pushes back on the sender as TCP's window does, and a
+ * sender that outruns its reader grows that queue until an allocation fails
+ * with ENOMEM (DESIGN.md, kernel notes). So a socket end redirects only
+ *   - messages up to the pod's accel_max_msg, and
+ *   - while the bytes it redirected since its peer last sent stay within
+ *     MA_ACCEL_BURST: request/response traffic keeps resetting that count,
+ *     a one-way bulk stream crosses it and goes back to TCP;
+ *   - while its peer is in ma_accel_socks.
+ * The first message that breaks a rule switches that socket end to the TCP
+ * path for good (MA_ACCEL_OFF): the reader drains redirected bytes before TCP
+ * bytes, so one switch keeps the order, switching back could not. For the
+ * same reason a first message that finds no peer switches off too: later
+ * redirected ones would overtake it.
  */
 #include "include/meshagent.h"
+
+#define MA_ACCEL_BURST (256 * 1024)
 
 MA_MAP_CFG_BY_NETNS;
 MA_MAP_ACCEL_SOCKS;
 MA_MAP_ACCEL_STATE;
 
+/* socket end -> bytes it redirected since its peer last sent. Written and
+ * read by sk_msg only; an end's entry goes when it switches off. LRU. */
+BPF_TABLE_PINNED("lru_hash", struct ma_sock_key, __u32, ma_accel_burst, MA_MAX_CONNS,
+                 MA_PIN_MAPS "/ma_accel_burst");
+
+/* MA_STAT_* -> count, node-wide. Written by sk_msg; read by the agent
+ * (agent/redirect/maps.py accel_stats: inspect, tests, bench). */
+#define MA_STAT_REDIRECTED 0     /* messages redirected */
+#define MA_STAT_REDIRECTED_B 1   /* bytes redirected */
+#define MA_STAT_PASSED 2         /* messages on switched-off ends (TCP) */
+#define MA_STAT_OFF_SIZE 3       /* ends switched off: message over accel_max_msg */
+#define MA_STAT_OFF_BURST 4      /* ends switched off: over MA_ACCEL_BURST unanswered */
+#define MA_STAT_OFF_NO_PEER 5    /* ends switched off: peer not in ma_accel_socks */
+#define MA_STAT_OFF_CONFIG 6     /* ends switched off: pod config gone or not accelerated */
+#define MA_STATS 8
+BPF_TABLE_PINNED("array", __u32, __u64, ma_accel_stats, MA_STATS, MA_PIN_MAPS "/ma_accel_stats");
+
+static __always_inline void ma_count(__u32 idx, __u64 n)
+{
+    __u64 *v = ma_accel_stats.lookup(&idx);
+    if (v)
+        __sync_fetch_and_add(v, n);
+}
+
+static __always_inline int ma_switch_off(struct ma_sock_key *self, __u32 why)
+{
+    __u32 off = MA_ACCEL_OFF;
+    ma_accel_state.update(self, &off);
+    ma_accel_burst.delete(self);
+    ma_count(why, 1);
+    ma_count(MA_STAT_PASSED, 1);
+    return SK_PASS;
+}
+
+/* As bpf/sockops.c ma_sockops_ip4: IPv4, or v4-mapped IPv6 addresses. */
+static __always_inline int ma_msg_ip4(struct sk_msg_md *m, __u32 *local, __u32 *remote)
+{
+    /* Every field is read up front, each at its own constant offset: a load
+     * whose address depends on the family is a "modified ctx ptr" to the
+     * verifier. */
+    __u32 family = m->family;
+    __u32 l4 = m->local_ip4, r4 = m->remote_ip4;
+    __u32 l6_0 = m->local_ip6[0], l6_1 = m->local_ip6[1];
+    __u32 l6_2 = m->local_ip6[2], l6_3 = m->local_ip6[3];
+    __u32 r6_0 = m->remote_ip6[0], r6_1 = m->remote_ip6[1];
+    __u32 r6_2 = m->remote_ip6[2], r6_3 = m->remote_ip6[3];
+    /* the empty asm uses each value here, so clang cannot sink the loads
+     * into the branches and merge them into one load from a chosen offset */
+    asm volatile("" : : "r"(l4), "r"(r4), "r"(l6_3), "r"(r6_3));
+    asm volatile("" : : "r"(l6_0), "r"(l6_1), "r"(l6_2), "r"(r6_0), "r"(r6_1), "r"(r6_2));
+    if (family == MA_AF_INET) {
+        *local = l4;
+        *remote = r4;
+        return 1;
+    }
+    if (family != MA_AF_INET6 || (l6_0 | l6_1 | r6_0 | r6_1))
+        return 0;
+    if (l6_2 != bpf_htonl(0xffff) || r6_2 != bpf_htonl(0xffff))
+        return 0;
+    *local = l6_3;
+    *remote = r6_3;
+    return 1;
+}
+
 int ma_sk_msg(struct sk_msg_md *msg)
 {
-    if (msg->family != MA_AF_INET)
+    __u32 local_ip = 0, remote_ip = 0;
+    if (!ma_msg_ip4(msg, &local_ip, &remote_ip))
         return SK_PASS;
     struct ma_sock_key self = {};
     self.netns = bpf_get_netns_cookie(msg);
-    self.local_ip = msg->local_ip4;
-    self.remote_ip = msg->remote_ip4;
+    self.local_ip = local_ip;
+    self.remote_ip = remote_ip;
     self.local_port = msg->local_port;
     self.remote_port = bpf_ntohl(msg->remote_port);
     __u32 *state = ma_accel_state.lookup(&self);
-    if (state && *state == MA_ACCEL_OFF)
-        return SK_PASS;
-    struct ma_pod_config *cfg = ma_cfg_netns.lookup(&self.netns);
-    if (!cfg || !(cfg->flags & MA_F_ACCEL) || msg->size > cfg->accel_max_msg) {
-        __u32 off = MA_ACCEL_OFF;
-        ma_accel_state.update(&self, &off);
+    if (state && *state == MA_ACCEL_OFF) {
+        ma_count(MA_STAT_PASSED, 1);
         return SK_PASS;
     }
+    struct ma_pod_config *cfg = ma_cfg_netns.lookup(&self.netns);
+    if (!cfg || !(cfg->flags & MA_F_ACCEL))
+        return ma_switch_off(&self, MA_STAT_OFF_CONFIG);
+    __u32 size = msg->size;
+    if (size > cfg->accel_max_msg)
+        return ma_switch_off(&self, MA_STAT_OFF_SIZE);
+    __u32 sent = size;
+    __u32 *burst = ma_accel_burst.lookup(&self);
+    if (burst)
+        sent += *burst;
+    if (sent > MA_ACCEL_BURST)
+        return ma_switch_off(&self, MA_STAT_OFF_BURST);
     struct ma_sock_key peer = {};
     peer.netns = self.netns;
     peer.local_ip = self.remote_ip;
     peer.remote_ip = self.local_ip;
     peer.local_port = self.remote_port;
     peer.remote_port = self.local_port;
-    ma_accel_socks.msg_redirect_hash(msg, &peer, BPF_F_INGRESS);
+    if (ma_accel_socks.msg_redirect_hash(msg, &peer, BPF_F_INGRESS) != SK_PASS)
+        return ma_switch_off(&self, MA_STAT_OFF_NO_PEER);
+    /* in place: the sender's socket is locked while its program runs */
+    if (burst)
+        *burst = sent;
+    else
+        ma_accel_burst.update(&self, &sent);
+    __u32 *answered = ma_accel_burst.lookup(&peer);
+    if (answered)
+        *answered = 0;
+    ma_count(MA_STAT_REDIRECTED, 1);
+    ma_count(MA_STAT_REDIRECTED_B, size);
     return SK_PASS;
 }

@@ -4,10 +4,15 @@
  *    port; its original destination moves from the cookie-keyed pending map
  *    to (netns, client ip, client port), the key the proxy can compute from
  *    the socket it accepts.
- * 2. Opt-in (MA_F_ACCEL): established loopback sockets of a pod's proxy
- *    connections go into ma_accel_socks, where sk_msg finds the peer:
- *    active ends connecting to the outbound listener or carrying the proxy
- *    mark, and passive ends whose active peer was recorded.
+ * 2. Opt-in (MA_F_ACCEL): established sockets of a pod's proxy connections
+ *    that stay inside the pod's netns go into ma_accel_socks, where sk_msg
+ *    finds the peer: active ends connecting to the outbound listener or
+ *    carrying the proxy mark, and passive ends whose active peer was recorded.
+ *    "Inside the netns" is a loopback pair (app -> 127.0.0.1:4140) or a
+ *    connection from the pod's IP to itself (the proxy forwarding to the
+ *    app at the pod IP, agent/proxy/inbound.py app_addr): both go over lo.
+ *    A passive end drops a stale MA_ACCEL_OFF a closed connection with the
+ *    same addresses left in ma_accel_state.
  */
 #include "include/meshagent.h"
 
@@ -32,11 +37,52 @@ static __always_inline void ma_move_orig_dst(struct bpf_sock_ops *skops)
     ma_pending.delete(&cookie);
 }
 
+/* Both ends in this netns, talking over lo. */
+static __always_inline int ma_accel_local_pair(__u32 local_be, __u32 remote_be)
+{
+    if (ma_is_loopback(local_be) && ma_is_loopback(remote_be))
+        return 1;
+    return local_be == remote_be;
+}
+
+/* The IPv4 addresses of an AF_INET socket, or of an AF_INET6 one whose
+ * addresses are v4-mapped (a dual-stack [::] listener's connections, e.g.
+ * iperf3's); 0 for anything else. */
+static __always_inline int ma_sockops_ip4(struct bpf_sock_ops *s, __u32 *local, __u32 *remote)
+{
+    /* Every field is read up front, each at its own constant offset: a load
+     * whose address depends on the family is a "modified ctx ptr" to the
+     * verifier. */
+    __u32 family = s->family;
+    __u32 l4 = s->local_ip4, r4 = s->remote_ip4;
+    __u32 l6_0 = s->local_ip6[0], l6_1 = s->local_ip6[1];
+    __u32 l6_2 = s->local_ip6[2], l6_3 = s->local_ip6[3];
+    __u32 r6_0 = s->remote_ip6[0], r6_1 = s->remote_ip6[1];
+    __u32 r6_2 = s->remote_ip6[2], r6_3 = s->remote_ip6[3];
+    /* the empty asm uses each value here, so clang cannot sink the loads
+     * into the branches and merge them into one load from a chosen offset */
+    asm volatile("" : : "r"(l4), "r"(r4), "r"(l6_3), "r"(r6_3));
+    asm volatile("" : : "r"(l6_0), "r"(l6_1), "r"(l6_2), "r"(r6_0), "r"(r6_1), "r"(r6_2));
+    if (family == MA_AF_INET) {
+        *local = l4;
+        *remote = r4;
+        return 1;
+    }
+    if (family != MA_AF_INET6 || (l6_0 | l6_1 | r6_0 | r6_1))
+        return 0;
+    if (l6_2 != bpf_htonl(0xffff) || r6_2 != bpf_htonl(0xffff))
+        return 0;
+    *local = l6_3;
+    *remote = r6_3;
+    return 1;
+}
+
 static __always_inline void ma_accel_record(struct bpf_sock_ops *skops, int active)
 {
-    if (skops->family != MA_AF_INET)
+    __u32 local_ip = 0, remote_ip = 0;
+    if (!ma_sockops_ip4(skops, &local_ip, &remote_ip))
         return;
-    if (!ma_is_loopback(skops->local_ip4) || !ma_is_loopback(skops->remote_ip4))
+    if (!ma_accel_local_pair(local_ip, remote_ip))
         return;
     __u64 netns = bpf_get_netns_cookie(skops);
     struct ma_pod_config *cfg = ma_cfg_netns.lookup(&netns);
@@ -44,8 +90,8 @@ static __always_inline void ma_accel_record(struct bpf_sock_ops *skops, int acti
         return;
     struct ma_sock_key key = {};
     key.netns = netns;
-    key.local_ip = skops->local_ip4;
-    key.remote_ip = skops->remote_ip4;
+    key.local_ip = local_ip;
+    key.remote_ip = remote_ip;
     key.local_port = skops->local_port;
     key.remote_port = bpf_ntohl(skops->remote_port);
     if (active) {
@@ -67,6 +113,7 @@ static __always_inline void ma_accel_record(struct bpf_sock_ops *skops, int acti
         __u32 *state = ma_accel_state.lookup(&peer);
         if (!state || *state != MA_ACCEL_ACTIVE)
             return;
+        ma_accel_state.delete(&key);
     }
     ma_accel_socks.sock_hash_update(skops, &key, BPF_ANY);
 }

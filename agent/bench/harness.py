@@ -12,6 +12,9 @@ Rules:
    and summed, once it is ready.
 4. Everything the run creates is removed at the end, also on failure or
    Ctrl-C (the lab's records; eBPF pin roots; the work directory).
+5. Rows of an accelerated setup (`meshagent-ebpf-accel`) carry `accel`: how
+   much each sk_msg counter (`agent.redirect.maps.accel_stats`) rose during
+   that load, so a run shows whether messages were redirected at all.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ALL_LOADS = (
+    "http1-rr",
     "http1-rate-500",
     "http1-rate-1000",
     "http1-rate-2000",
@@ -51,7 +55,7 @@ ALL_LOADS = (
 )
 MEMORY_PODS = (1, 10, 50, 100)
 QUICK_MEMORY_PODS = (1, 10, 100)
-QUICK_LOADS = tuple(x for x in ALL_LOADS if x != "http1-rate-500")
+QUICK_LOADS = tuple(x for x in ALL_LOADS if x not in ("http1-rate-500", "http1-rr"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,12 +209,20 @@ def _one_load(target: Target, load: str, opts: Options) -> loads.Measured:
     if load.startswith("http1-rate-"):
         return loads.http1_rate(target, int(load.rsplit("-", 1)[1]), d, w)
     runners: dict[str, Callable[[], loads.Measured]] = {
+        "http1-rr": lambda: loads.http1_rr(target, d, w),
         "http1-saturate": lambda: loads.http1_saturate(target, d),
         "h2-saturate": lambda: loads.h2_saturate(target, d),
         "tcp-throughput": lambda: loads.tcp_throughput(target, d),
         "conn-rate": lambda: loads.conn_rate(target, d, min(w, 0.5)),
     }
     return runners[load]()
+
+
+def accel_delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, Any]:
+    """`{"accel": {counter: increase}}` over one load (rule 5), or nothing."""
+    if before is None or after is None:
+        return {}
+    return {"accel": {k: after[k] - before.get(k, 0) for k in after}}
 
 
 def _run_setup(topo: Topology, name: str, opts: Options, rows: list[dict[str, Any]]) -> None:
@@ -222,12 +234,14 @@ def _run_setup(topo: Topology, name: str, opts: Options, rows: list[dict[str, An
                     continue
                 cpu = _Cpu()
                 cpu.start(target.proxy_pids())
+                accel_before = target.accel_counts()
                 try:
                     m = _one_load(target, load, opts)
                 except AgentError as exc:
                     rows.append({"setup": name, "load": load, "error": str(exc)[:300]})
                     continue
                 rows.append(_row(target, load, m, cpu.stop()))
+                rows[-1].update(accel_delta(accel_before, target.accel_counts()))
                 logger.info("measured", extra={"setup": name, "load": load, "rps": rows[-1]["rps"]})
     except AgentError as exc:
         rows.append({"setup": name, "load": "*", "error": str(exc)[:300]})

@@ -15,6 +15,9 @@ Rules:
    latency = done - min(due, sent).
 2. `conn`: C loops each open a connection, send one `Connection: close`
    request, read the whole response and close; latency is connect to response.
+   `rr`: C keep-alive connections each send a request as soon as the last
+   response arrived (closed loop, no schedule); latency is send to response.
+   With C=1 that is the bare request/response latency of the path.
 3. The run stops itself after `--duration` seconds (plus at most one response
    timeout); nothing is recorded during `--warmup`.
 """
@@ -205,10 +208,44 @@ async def run_conn(
     return run.to_dict(duration)
 
 
+async def _rr_conn(run: Run, host: str, port: int, req: bytes, end_ns: int) -> None:
+    client: _Client | None = None
+    while time.perf_counter_ns() < end_ns:
+        try:
+            if client is None or client.closed.done():
+                client = await _connect(host, port)
+            sent = time.perf_counter_ns()
+            done = await client.ask(req)
+            run.done(sent, sent, done, client.status)
+        except (OSError, TimeoutError, httptools.HttpParserError):
+            run.errors += 1
+            if client is not None and client.transport is not None:
+                client.transport.abort()
+            client = None
+            await asyncio.sleep(0.01)
+    if client is not None and client.transport is not None:
+        client.transport.close()
+
+
+async def run_rr(
+    host: str, port: int, *, connections: int, duration: float, warmup: float = 0.0
+) -> dict[str, Any]:
+    """Closed-loop keep-alive request/response load (module rule 2, `rr`)."""
+    run = Run()
+    req = request_bytes(host)
+    run.record_from = time.perf_counter_ns() + int(warmup * 1e9)
+    end = run.record_from + int(duration * 1e9)
+    tasks = [
+        aio.spawn(_rr_conn(run, host, port, req, end), name=f"rr-{k}") for k in range(connections)
+    ]
+    await asyncio.gather(*tasks)
+    return run.to_dict(duration)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m agent.bench.loadgen")
     p.add_argument("--target", required=True, metavar="IP:PORT")
-    p.add_argument("--mode", choices=["rate", "conn"], default="rate")
+    p.add_argument("--mode", choices=["rate", "conn", "rr"], default="rate")
     p.add_argument("--rate", type=float, default=1000.0)
     p.add_argument("--connections", type=int, default=16)
     p.add_argument("--duration", type=float, default=5.0)
@@ -230,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             warmup=args.warmup,
         )
     else:
-        coro = run_conn(
+        run = run_conn if args.mode == "conn" else run_rr
+        coro = run(
             host, port, connections=args.connections, duration=args.duration, warmup=args.warmup
         )
     result = aio.run(coro)

@@ -5,6 +5,8 @@
     h2-saturate      h2load (h2c prior knowledge), 4 connections x 16 streams
     tcp-throughput   iperf3, one stream
     conn-rate        agent.bench.loadgen --mode conn, 16 loops of connect/request/close
+    http1-rr         agent.bench.loadgen --mode rr, 1 keep-alive connection, closed
+                     loop: the bare small request/response latency of the path
 
 Rules:
 1. A load returns a `Measured`: requests (or bytes) done, errors, elapsed
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 RATE_CONNECTIONS = 16
 SATURATE_CONNECTIONS = 64
 CONN_LOOPS = 16
+RR_CONNECTIONS = 1
 
 
 class LoadError(AgentError):
@@ -179,6 +182,13 @@ def conn_rate(target: Target, duration: float, warmup: float) -> Measured:
     argv += [f"--target={target.host}:{target.http_port}", f"--connections={CONN_LOOPS}"]
     argv += [f"--duration={duration}", f"--warmup={warmup}"]
     return _parse("conn-rate", from_loadgen, _run(target, "conn-rate", argv, duration + 30))
+
+
+def http1_rr(target: Target, duration: float, warmup: float) -> Measured:
+    argv = [sys.executable, "-m", "agent.bench.loadgen", "--mode", "rr"]
+    argv += [f"--target={target.host}:{target.http_port}", f"--connections={RR_CONNECTIONS}"]
+    argv += [f"--duration={duration}", f"--warmup={warmup}"]
+    return _parse("http1-rr", from_loadgen, _run(target, "http1-rr", argv, duration + warmup + 30))
 
 
 def http1_saturate(target: Target, duration: float) -> Measured:

@@ -314,8 +314,10 @@ class MeshPlane:
         name: str,
         workers: int = 2,
         log_level: str = "warning",
+        env: dict[str, str] | None = None,
     ) -> NodeAgent:
         """`meshagent run` for `node`, meshing the pods `roles`; returns once /ready is 200.
+        `env` adds to the agent's environment (e.g. MESHAGENT_EBPF_ACCEL=1).
 
         Raises:
             MeshError: the control plane or the agent did not start, or no /ready in time.
@@ -330,7 +332,7 @@ class MeshPlane:
         admin_port = free_port()
         netns_dir = self.workdir / f"agent-{name}-netns"
         pin_root = Path(f"/sys/fs/bpf/mabench-{name}") if mode == "ebpf" else None
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         if pin_root is not None:
             env["MESHAGENT_BPF_PIN_ROOT"] = str(pin_root)
         d = self.ports

@@ -12,6 +12,14 @@ Rules:
    either side is missing or the peer's is zero. Lower is better for
    latency, CPU and memory ratios; higher for rps and Gbit/s.
 3. Goals are reported, never asserted.
+4. Acceleration (`accel_summary`): `meshagent-ebpf-accel` over
+   `meshagent-ebpf` (the same agent without MESHAGENT_EBPF_ACCEL) for p50 and
+   p99 of every small request/response load both ran (`http1-rr`,
+   `http1-rate-N`), and Gbit/s of `tcp-throughput`. The latency goal is met
+   when the mean p50 ratio and the mean p99 ratio are both at most
+   `ACCEL_LATENCY_GOAL`; bulk is sane when the accelerated iperf3 run
+   completed without error at `ACCEL_BULK_FLOOR` or more of the plain run's
+   Gbit/s.
 """
 
 from __future__ import annotations
@@ -23,6 +31,10 @@ if TYPE_CHECKING:
 
 LINKERD_SIDECAR_MB = (17.0, 26.0)  # Linkerd proxy memory per meshed pod (brief, Linkerd benchmarks)
 NODE_MEMORY_GOAL_MB = 150.0
+ACCEL_SETUP = "meshagent-ebpf-accel"
+ACCEL_PEER = "meshagent-ebpf"
+ACCEL_LATENCY_GOAL = 0.85  # ">= 15% below the plain path"
+ACCEL_BULK_FLOOR = 0.5  # "no bulk transfer failing": completes, at least half the plain rate
 Row = dict[str, Any]
 
 COLUMNS = [
@@ -74,6 +86,7 @@ _RATIOS: list[tuple[str, str, str, str, str]] = [
     ("added_p99", "added_p99_ms", "http1-rate-1000", "haproxy-http", "haproxy-tls"),
     ("added_p99", "added_p99_ms", "http1-rate-2000", "haproxy-http", "haproxy-tls"),
     ("tcp_gbps", "gbps", "tcp-throughput", "haproxy-tcp", "haproxy-tls"),
+    ("added_p99", "added_p99_ms", "http1-rr", "haproxy-http", "haproxy-tls"),
     ("conn_rate", "rps", "conn-rate", "haproxy-http", "haproxy-tls"),
     ("cpu_s_per_request", "cpu_s_per_req", "http1-rate-1000", "haproxy-http", "haproxy-tls"),
     ("cpu_s_per_request", "cpu_s_per_req", "http1-saturate", "haproxy-http", "haproxy-tls"),
@@ -92,7 +105,96 @@ def ratios(rows: Sequence[Row]) -> dict[str, float]:
             value = _ratio(_get(rows, setup, load, key), _get(rows, peer, load, key))
             if value is not None:
                 out[f"{metric}:{setup}/{peer}@{load}"] = value
+    out.update(_accel_ratios(rows))
     return out
+
+
+def _accel_ratios(rows: Sequence[Row]) -> dict[str, float]:
+    """`accel_<metric>:meshagent-ebpf-accel/meshagent-ebpf@<load>` (module rule 4)."""
+    out: dict[str, float] = {}
+    loads = sorted({r["load"] for r in rows if r["setup"] == ACCEL_SETUP})
+    for load in loads:
+        keys: tuple[str, ...] = ("p50_ms", "p99_ms") if _small_rr_load(load) else ()
+        keys += ("gbps",) if load == "tcp-throughput" else ()
+        for key in keys:
+            value = _ratio(_get(rows, ACCEL_SETUP, load, key), _get(rows, ACCEL_PEER, load, key))
+            if value is not None:
+                out[f"accel_{key.removesuffix('_ms')}:{ACCEL_SETUP}/{ACCEL_PEER}@{load}"] = value
+    return out
+
+
+def _small_rr_load(load: str) -> bool:
+    return load == "http1-rr" or load.startswith("http1-rate-")
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 3) if values else None
+
+
+def accel_summary(rows: Sequence[Row]) -> dict[str, Any] | None:
+    """Acceleration against the plain eBPF path (module rule 4); None unless both ran."""
+    setups = {r["setup"] for r in rows}
+    if not {ACCEL_SETUP, ACCEL_PEER} <= setups:
+        return None
+    latency: dict[str, dict[str, float | None]] = {}
+    for load in sorted({r["load"] for r in rows if _small_rr_load(r["load"])}):
+        pair = {
+            key: _ratio(_get(rows, ACCEL_SETUP, load, key), _get(rows, ACCEL_PEER, load, key))
+            for key in ("p50_ms", "p99_ms")
+        }
+        if any(v is not None for v in pair.values()):
+            latency[load] = {"p50": pair["p50_ms"], "p99": pair["p99_ms"]}
+    p50 = _mean([v["p50"] for v in latency.values() if v["p50"] is not None])
+    p99 = _mean([v["p99"] for v in latency.values() if v["p99"] is not None])
+    return {
+        "latency": latency,
+        "p50_mean": p50,
+        "p99_mean": p99,
+        "latency_goal": ACCEL_LATENCY_GOAL,
+        "latency_goal_met": (
+            None if p50 is None or p99 is None else max(p50, p99) <= ACCEL_LATENCY_GOAL
+        ),
+        "bulk": _accel_bulk(rows),
+    }
+
+
+def _accel_bulk(rows: Sequence[Row]) -> dict[str, Any] | None:
+    mine = next(
+        (r for r in rows if r["setup"] == ACCEL_SETUP and r["load"] == "tcp-throughput"), None
+    )
+    if mine is None:
+        return None
+    ratio = _ratio(_get(rows, ACCEL_SETUP, "tcp-throughput", "gbps"),
+                   _get(rows, ACCEL_PEER, "tcp-throughput", "gbps"))  # fmt: skip
+    failed = bool(mine.get("error")) or not mine.get("gbps")
+    return {
+        "gbps": mine.get("gbps"),
+        "gbps_ratio": ratio,
+        "error": mine.get("error"),
+        "sane": not failed and (ratio is None or ratio >= ACCEL_BULK_FLOOR),
+    }
+
+
+def accel_notes(summary: Mapping[str, Any] | None) -> list[str]:
+    """One line for the table output: the acceleration goal and its numbers."""
+    if summary is None:
+        return []
+    met = summary["latency_goal_met"]
+    verdict = "not measured" if met is None else ("met" if met else "not met")
+    bulk = summary["bulk"]
+    bulk_text = "not measured"
+    if bulk is not None:
+        bulk_text = (
+            f"{'sane' if bulk['sane'] else 'FAILED'} ({bulk['gbps']} Gbit/s, "
+            f"{bulk['gbps_ratio']}x plain)"
+        )
+    loads = ", ".join(summary["latency"]) or "no loads"
+    line = (
+        f"sockmap acceleration ({ACCEL_SETUP} / {ACCEL_PEER}): p50 {summary['p50_mean']}x, "
+        f"p99 {summary['p99_mean']}x over {loads}; "
+        f"goal <= {ACCEL_LATENCY_GOAL}x {verdict}; bulk {bulk_text}"
+    )
+    return [line]
 
 
 def memory_summary(rows: Sequence[Row]) -> dict[str, Any]:
@@ -128,12 +230,14 @@ def document(
     """The `-o json` document."""
     rows = [dict(r) for r in rows]
     add_latency_over_baseline(rows)
+    accel = accel_summary(rows)
     return {
         "machine": dict(machine),
         "results": rows,
         "ratios": ratios(rows),
         "memory": memory_summary(rows),
-        "notes": list(notes),
+        "accel": accel,
+        "notes": [*notes, *accel_notes(accel)],
     }
 
 

@@ -13,6 +13,9 @@ Setups (each a context manager yielding a `Target`):
                                   outbound -> same-node inbound, no TLS
     meshagent-{mode}-xnode        `meshagent run` on `a` (cli) and on `b`
                                   (srv2): outbound -> mTLS -> inbound
+    meshagent-ebpf-accel          as meshagent-ebpf, the agent run with
+                                  MESHAGENT_EBPF_ACCEL=1 (sockops + sk_msg
+                                  between same-node socket pairs)
 All meshagent setups share one `meshagent controlplane` (`agent.bench.mesh`);
 bench pods are lab pods named `pod<UID>` so the agents discover them.
 
@@ -61,6 +64,7 @@ PROXY_IPERF_PORT = 15201
 TLS_HTTP_PORT = 18443  # HAProxy mTLS listeners in the server pod
 TLS_IPERF_PORT = 15443
 SERVER_NAME = "srv2.bench.local"
+ENV_ACCEL = "MESHAGENT_EBPF_ACCEL"  # agent.redirect.ebpf.ENV_ACCEL (bcc stays out of the bench)
 POD_SYSCTLS = {
     "net/ipv4/tcp_tw_reuse": "1",
     "net/ipv4/ip_local_port_range": "1024 65000",
@@ -92,6 +96,18 @@ class Target:
     notes: str = ""
     http_aware: bool = True  # can it carry HTTP loads
     agents: list[NodeAgent] = field(default_factory=list)  # meshagent setups: the node agents
+    accel_maps: Path | None = None  # accelerated eBPF setups: the agent's pinned maps
+
+    def accel_counts(self) -> dict[str, int] | None:
+        """The node's sk_msg counters (`agent.redirect.maps.accel_stats`), or None."""
+        if self.accel_maps is None:
+            return None
+        from agent.redirect import maps  # noqa: PLC0415 - libbpf only when accelerating
+
+        try:
+            return maps.accel_stats(self.accel_maps)
+        except maps.BpfError:
+            return None
 
     def proxy_pids(self) -> list[int]:
         pids: list[int] = []
@@ -193,17 +209,27 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
 
 
 def start_node_agent(  # noqa: PLR0913 - keyword-only settings
-    topo: Topology, roles: list[str], mode: str, *, node: str, name: str, workers: int = 2
+    topo: Topology,
+    roles: list[str],
+    mode: str,
+    *,
+    node: str,
+    name: str,
+    workers: int = 2,
+    accel: bool = False,
 ) -> NodeAgent:
     """Start `meshagent run` on lab node `node` meshing the bench pods `roles` (mode:
     iptables|ebpf), with the run's shared control plane; returns once it is ready.
+    `accel` runs an eBPF agent with MESHAGENT_EBPF_ACCEL=1; every other eBPF agent
+    runs with it off, whatever the caller's environment says.
 
     Raises:
         MeshError: it exited or did not become ready within 60 s.
     """
     level = os.environ.get("MESHAGENT_BENCH_AGENT_LOG", "warning")
+    env = {ENV_ACCEL: "1" if accel else "0"} if mode == "ebpf" else {}
     return topo.mesh.start_agent(
-        roles, mode, node=node, name=name, workers=workers, log_level=level
+        roles, mode, node=node, name=name, workers=workers, log_level=level, env=env
     )
 
 
@@ -425,10 +451,11 @@ def haproxy_tls(topo: Topology) -> Iterator[Target]:
         _stop(server_side)
 
 
-def _meshagent(mode: str, *, xnode: bool) -> SetupFn:
+def _meshagent(mode: str, *, xnode: bool, accel: bool = False) -> SetupFn:
     @contextlib.contextmanager
     def setup(topo: Topology) -> Iterator[Target]:
-        name = f"meshagent-{mode}" + ("-xnode" if xnode else "")
+        flavour = f"{mode}-accel" if accel else mode
+        name = f"meshagent-{flavour}" + ("-xnode" if xnode else "")
         with contextlib.ExitStack() as stack:
             if xnode:
                 plan = [(["cli"], topo.a.name), (["srv2"], topo.b.name)]
@@ -438,13 +465,17 @@ def _meshagent(mode: str, *, xnode: bool) -> SetupFn:
                 server = topo.srv
             agents = []
             for roles, node in plan:
-                agent = start_node_agent(topo, roles, mode, node=node, name=f"{mode}-{node}")
+                agent = start_node_agent(
+                    topo, roles, mode, node=node, name=f"{flavour}-{node}", accel=accel
+                )
                 stack.callback(agent.stop)
                 agents.append(agent)
             # the first request pays for resolution (and, cross-node, the mTLS handshake)
             first = _wait_http(topo.cli, server.ip, HTTP_PORT)
             _wait_port(topo.cli, server.ip, IPERF_PORT)
             path = "outbound -> mTLS -> inbound (other node)" if xnode else "outbound -> inbound"
+            if accel:
+                path += "; sockops + sk_msg acceleration on (MESHAGENT_EBPF_ACCEL=1)"
             yield Target(
                 setup=name,
                 client=topo.cli,
@@ -455,6 +486,7 @@ def _meshagent(mode: str, *, xnode: bool) -> SetupFn:
                 mtls=xnode,
                 roots=[a.pid for a in agents],
                 agents=agents,
+                accel_maps=(agents[0].pin_root / "maps" if accel and agents[0].pin_root else None),
                 notes=(
                     f"meshagent run ({mode}, 2 workers per node): {path}; "
                     f"first request {first * 1000:.0f} ms"
@@ -470,6 +502,7 @@ SETUPS: dict[str, SetupFn] = {
     "haproxy-http": _haproxy_one_hop("http"),
     "meshagent-iptables": _meshagent("iptables", xnode=False),
     "meshagent-ebpf": _meshagent("ebpf", xnode=False),
+    "meshagent-ebpf-accel": _meshagent("ebpf", xnode=False, accel=True),
     "direct-xnode": direct_xnode,
     "haproxy-tls": haproxy_tls,
     "meshagent-iptables-xnode": _meshagent("iptables", xnode=True),

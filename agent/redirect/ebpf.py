@@ -10,9 +10,12 @@
                listener (`set_inbound_listener`); where sk_lookup cannot load,
                the pod gets the iptables inbound rules instead, and `inspect`
                and `checks` say "fallback-iptables".
-    same-node  opt-in (MESHAGENT_EBPF_ACCEL=1): sockops records loopback proxy
-               connections in a sockhash and sk_msg redirects small messages
-               between their ends.
+    same-node  opt-in (MESHAGENT_EBPF_ACCEL=1): sockops records the proxy's
+               connections that stay inside a pod's netns (app -> 127.0.0.1:4140,
+               proxy -> app on the pod IP; IPv4 or v4-mapped) in a sockhash and
+               sk_msg redirects small messages between their ends, until an end
+               sends a big message or 256 KiB its peer does not answer
+               (bpf/sk_msg.c); `maps.accel_stats` counts what it did.
 
 Pins (all under `pin_root`, /sys/fs/bpf/meshagent):
     maps/<map>            shared by every pod; each pod is a key (maps.py)

@@ -52,6 +52,20 @@ ORIG_DST = "ma_orig_dst"
 LISTENERS = "ma_listeners"
 ACCEL_SOCKS = "ma_accel_socks"
 ACCEL_STATE = "ma_accel_state"
+ACCEL_BURST = "ma_accel_burst"  # declared in bpf/sk_msg.c (sk_msg's own)
+ACCEL_STATS = "ma_accel_stats"  # declared in bpf/sk_msg.c
+
+# ma_accel_stats slots, as bpf/sk_msg.c's MA_STAT_* number them
+ACCEL_STAT_NAMES = (
+    "redirected_msgs",
+    "redirected_bytes",
+    "passed_msgs",
+    "off_size",
+    "off_burst",
+    "off_no_peer",
+    "off_config",
+)
+ACCEL_STATS_SLOTS = 8
 
 # <linux/bpf.h> link types, as bpf_link_info reports them
 LINK_CGROUP = 3
@@ -112,6 +126,8 @@ MAP_TYPES: dict[str, tuple[Any, Any]] = {
     LISTENERS: (ctypes.c_uint32, ctypes.c_uint64),
     ACCEL_SOCKS: (SockKeyC, ctypes.c_uint64),
     ACCEL_STATE: (SockKeyC, ctypes.c_uint32),
+    ACCEL_BURST: (SockKeyC, ctypes.c_uint32),
+    ACCEL_STATS: (ctypes.c_uint32, ctypes.c_uint64),
 }
 
 
@@ -368,6 +384,26 @@ class PinnedMap:
             leaf = self.lookup(key)
             if leaf is not None:
                 yield key, leaf
+
+
+def accel_stats(maps_dir: str | Path) -> dict[str, int]:
+    """The node's sk_msg counters (`ACCEL_STAT_NAMES`); all zero when sk_msg never loaded.
+
+    Raises:
+        BpfError: the map is pinned but cannot be read.
+    """
+    try:
+        m = PinnedMap.open(maps_dir, ACCEL_STATS)
+    except BpfError as exc:
+        if exc.errno != errno.ENOENT:
+            raise
+        return dict.fromkeys(ACCEL_STAT_NAMES, 0)
+    with m:
+        out = {}
+        for slot, name in enumerate(ACCEL_STAT_NAMES):
+            leaf = m.lookup(ctypes.c_uint32(slot))
+            out[name] = int(leaf.value) if leaf is not None else 0
+    return out
 
 
 # --- links ------------------------------------------------------------------------

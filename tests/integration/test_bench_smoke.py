@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.privileged
 
-SETUPS = "direct,haproxy-http,meshagent-iptables"
+SETUPS = "direct,haproxy-http,meshagent-iptables,meshagent-ebpf,meshagent-ebpf-accel"
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def doc(tmp_path_factory):
         ],
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=170,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
@@ -49,7 +49,7 @@ def doc(tmp_path_factory):
     return data
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_quick_bench_prints_machine_results_and_ratios(doc):
     assert set(doc) >= {"machine", "results", "ratios"}
     assert doc["machine"]["cpus"] >= 1
@@ -58,7 +58,7 @@ def test_quick_bench_prints_machine_results_and_ratios(doc):
         assert "error" not in row, row
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_every_setup_measured_positive_rate_and_latency(doc):
     rows = {(r["setup"], r["load"]): r for r in doc["results"]}
     for setup in SETUPS.split(","):
@@ -71,9 +71,22 @@ def test_every_setup_measured_positive_rate_and_latency(doc):
         assert rows[setup, "http1-rate-1000"]["added_p99_ms"] is not None
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_ratios_and_node_memory_are_reported(doc):
     assert doc["ratios"]["http1_saturate_rps:meshagent-iptables/haproxy-http@http1-saturate"] > 0
     mem = doc["memory"]["meshagent-iptables@1"]
     assert mem["rss_mb"] > 0
     assert mem["linkerd_sidecars_mb"] == [17.0, 26.0]
+
+
+@pytest.mark.timeout(180)
+def test_accelerated_setup_redirects_its_messages_and_is_compared_with_plain_ebpf(doc):
+    rows = {(r["setup"], r["load"]): r for r in doc["results"]}
+    counts = rows["meshagent-ebpf-accel", "http1-rate-1000"]["accel"]
+    requests = rows["meshagent-ebpf-accel", "http1-rate-1000"]["requests"]
+    # each request and response crosses two same-node socket pairs: app -> proxy -> app
+    assert counts["redirected_msgs"] >= 4 * requests
+    assert counts["off_no_peer"] == 0
+    assert "accel" not in rows["meshagent-ebpf", "http1-rate-1000"]
+    assert doc["ratios"]["accel_p50:meshagent-ebpf-accel/meshagent-ebpf@http1-rate-1000"] > 0
+    assert doc["accel"]["latency"]["http1-rate-1000"]["p50"] > 0

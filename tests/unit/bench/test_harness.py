@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.bench.harness import ALL_LOADS, QUICK_MEMORY_PODS, Options
+from agent.bench.harness import ALL_LOADS, QUICK_MEMORY_PODS, Options, accel_delta
 
 
 def test_quick_runs_every_setup_and_short_loads_with_memory():
@@ -32,3 +32,20 @@ def test_unknown_names_are_refused_with_the_known_ones():
         Options.make(quick=True, setups_="nginx")
     with pytest.raises(ValueError, match="unknown load"):
         Options.make(quick=True, loads_="udp")
+
+
+def test_accel_setup_runs_by_default_and_http1_rr_only_in_the_full_run():
+    quick, full = Options.make(quick=True), Options.make(quick=False)
+    for opts in (quick, full):
+        assert opts.setups.index("meshagent-ebpf-accel") == opts.setups.index("meshagent-ebpf") + 1
+    assert "http1-rr" in full.loads
+    assert "http1-rr" not in quick.loads
+    assert Options.make(quick=True, loads_="http1-rr").loads == ("http1-rr",)
+
+
+def testaccel_delta_is_each_counter_increase_and_nothing_without_counts():
+    before = {"redirected_msgs": 10, "off_size": 1}
+    after = {"redirected_msgs": 4010, "off_size": 3}
+    assert accel_delta(before, after) == {"accel": {"redirected_msgs": 4000, "off_size": 2}}
+    assert accel_delta(None, after) == {}
+    assert accel_delta(before, None) == {}

@@ -59,3 +59,63 @@ def test_table_rows_blank_missing_values_and_show_errors():
     rows = report.table_rows(doc)
     assert rows[-1]["errors"] == "boom"
     assert rows[0]["gbps"] == ""
+
+
+# --- sockmap acceleration (meshagent-ebpf-accel over meshagent-ebpf) --------------------
+
+
+def _accel_rows(*, accel_gbps=8.0, accel_error=None):
+    rows = [
+        {"setup": "meshagent-ebpf", "load": "http1-rr", "p50_ms": 0.20, "p99_ms": 0.40},
+        {"setup": "meshagent-ebpf-accel", "load": "http1-rr", "p50_ms": 0.16, "p99_ms": 0.30},
+        {"setup": "meshagent-ebpf", "load": "http1-rate-1000", "p50_ms": 0.25, "p99_ms": 1.0},
+        {"setup": "meshagent-ebpf-accel", "load": "http1-rate-1000", "p50_ms": 0.20, "p99_ms": 0.8},
+        {"setup": "meshagent-ebpf", "load": "http1-saturate", "p50_ms": 2.0, "rps": 100.0},
+        {"setup": "meshagent-ebpf-accel", "load": "http1-saturate", "p50_ms": 9.0, "rps": 90.0},
+        {"setup": "meshagent-ebpf", "load": "tcp-throughput", "gbps": 16.0},
+    ]
+    accel_tcp = {"setup": "meshagent-ebpf-accel", "load": "tcp-throughput", "gbps": accel_gbps}
+    if accel_error:
+        accel_tcp = {
+            "setup": "meshagent-ebpf-accel",
+            "load": "tcp-throughput",
+            "error": accel_error,
+        }
+    return [*rows, accel_tcp]
+
+
+def test_accel_ratios_are_latency_of_small_rr_loads_and_gbps_against_plain_ebpf():
+    r = report.ratios(_accel_rows())
+    assert r["accel_p50:meshagent-ebpf-accel/meshagent-ebpf@http1-rr"] == 0.8
+    assert r["accel_p99:meshagent-ebpf-accel/meshagent-ebpf@http1-rate-1000"] == 0.8
+    assert r["accel_gbps:meshagent-ebpf-accel/meshagent-ebpf@tcp-throughput"] == 0.5
+    assert not any(k.startswith("accel_") and "http1-saturate" in k for k in r)
+
+
+def test_accel_summary_meets_the_goal_only_when_mean_p50_and_p99_are_15_percent_lower():
+    s = report.accel_summary(_accel_rows())
+    assert s["latency"]["http1-rr"] == {"p50": 0.8, "p99": 0.75}
+    assert s["p50_mean"] == 0.8
+    assert s["p99_mean"] == 0.775
+    assert s["latency_goal_met"] is True
+    rows = _accel_rows()
+    rows[3]["p50_ms"] = 0.25  # http1-rate-1000 p50 not lower: mean p50 ratio 0.9
+    assert report.accel_summary(rows)["latency_goal_met"] is False
+
+
+def test_accel_bulk_is_sane_at_half_the_plain_rate_and_failed_on_error_or_collapse():
+    assert report.accel_summary(_accel_rows(accel_gbps=8.0))["bulk"]["sane"] is True
+    assert report.accel_summary(_accel_rows(accel_gbps=4.0))["bulk"]["sane"] is False
+    bulk = report.accel_summary(_accel_rows(accel_error="load tcp-throughput: ENOMEM"))["bulk"]
+    assert bulk["sane"] is False
+    assert bulk["error"] == "load tcp-throughput: ENOMEM"
+
+
+def test_accel_summary_needs_both_setups_and_says_so_in_the_notes():
+    only_plain = [r for r in _accel_rows() if r["setup"] == "meshagent-ebpf"]
+    assert report.accel_summary(only_plain) is None
+    assert report.document({}, only_plain, [])["accel"] is None
+    notes = report.document({}, _accel_rows(), ["n"])["notes"]
+    assert notes[0] == "n"
+    assert "goal <= 0.85x met" in notes[-1]
+    assert "bulk sane (8.0 Gbit/s, 0.5x plain)" in notes[-1]

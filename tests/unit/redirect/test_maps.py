@@ -110,3 +110,8 @@ def test_ctypes_mirror_has_the_size_bcc_gives_the_map(compiled, name):
     key_type, leaf_type = maps.MAP_TYPES[name]
     assert name in compiled, f"{name} is declared by no compiled program"
     assert (ctypes.sizeof(key_type), ctypes.sizeof(leaf_type)) == compiled[name]
+
+
+def test_accel_stats_are_zero_before_sk_msg_ever_loaded(tmp_path):
+    assert maps.accel_stats(tmp_path) == dict.fromkeys(maps.ACCEL_STAT_NAMES, 0)
+    assert len(maps.ACCEL_STAT_NAMES) <= maps.ACCEL_STATS_SLOTS
