@@ -266,10 +266,18 @@ def _redirects_show(args: argparse.Namespace) -> int:
 
     settings = iptables.resolve_settings(args, os.environ)
     state = iptables.inspect_enrolled(settings.registry, args.pod)
+    accel = state.extra.get("acceleration")  # eBPF mode only
     if args.output in ("json", "yaml"):
-        _print({**iptables.state_row(state), "rules": state.detail.splitlines()}, args)
+        view = {**iptables.state_row(state), "rules": state.detail.splitlines()}
+        if accel is not None:
+            view["acceleration"] = accel
+        _print(view, args)
         return 0
     print(state.detail or "(no rules)")
+    if accel is not None:
+        from agent.redirect import ebpf_inspect  # noqa: PLC0415
+
+        print("\n".join(ebpf_inspect.acceleration_lines(accel)))
     for line in state.drift:
         print(f"# drift: {line}")
     return 0

@@ -6,6 +6,11 @@ Rules:
    never the redirector's memory. Drift is what the kernel has that the spec
    does not plan (a link on another target, a different pod config).
 2. Read-only: nothing here attaches, updates or removes anything.
+3. Same-node acceleration is its own section, `extra["acceleration"]`, present
+   for every eBPF-mode pod: whether the pod's config enables it, the node's
+   sk_msg side (`NODE_*`), the pod's sockets in the sockhash, and the
+   node-wide sk_msg counters (`maps.accel_stats`; all zero when never loaded).
+   `acceleration_lines` renders it for `meshagent redirects show`.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import socket
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError, RedirectError
 from agent.redirect import maps, netns
@@ -24,8 +29,15 @@ from agent.redirect.maps import BpfError
 from agent.redirect.model import CaptureState
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from agent.redirect.ebpf import EbpfRedirector
     from agent.redirect.model import CaptureSpec
+
+# extra["acceleration"]["node"]: the node's sk_msg side of same-node acceleration
+NODE_ACTIVE = "active"  # sk_msg maps pinned, sockops linked on the agent's cgroup
+NODE_DETACHED = "detached"  # sk_msg maps pinned (loaded once), node sockops link gone
+NODE_NOT_LOADED = "not-loaded"  # sk_msg never loaded under this pin root: counters are zero
 
 
 def inspect(red: EbpfRedirector, spec: CaptureSpec) -> CaptureState:
@@ -53,6 +65,7 @@ def inspect(red: EbpfRedirector, spec: CaptureSpec) -> CaptureState:
         entries = _Entries()
     outbound = _direction({"connect4", "sockops"} <= links.keys() and entries.cfg_netns)
     inbound = _inbound_state(red, spec, links, entries)
+    accelerate = bool(entries.cfg is not None and entries.cfg.flags & maps.F_ACCEL)
     if entries.cfg is not None:
         planned = red.pod_config(spec, inbound="sk_lookup" in links)
         if bytes(planned) != bytes(entries.cfg):
@@ -77,11 +90,45 @@ def inspect(red: EbpfRedirector, spec: CaptureSpec) -> CaptureState:
                 n: {"id": i.id, "prog_id": i.prog_id, "target": i.target} for n, i in links.items()
             },
             "orig_dst": entries.orig,
-            "accelerate": bool(entries.cfg is not None and entries.cfg.flags & maps.F_ACCEL),
+            "accelerate": accelerate,
+            "acceleration": _acceleration(red, enabled=accelerate, sockets=entries.accel),
             "sk_lookup_error": red.sk_lookup_error,
             "pins": str(red.pod_dir(spec)),
         },
     )
+
+
+def acceleration_lines(view: Mapping[str, Any]) -> list[str]:
+    """`redirects show`'s text for an `extra["acceleration"]` section; pure."""
+    state = "enabled" if view.get("enabled") else "disabled"
+    node = view.get("node", NODE_NOT_LOADED)
+    head = f"acceleration: {state} for this pod; node sk_msg {node}"
+    if node == NODE_NOT_LOADED:
+        return [head]
+    lines = [f"{head}; {view.get('sockets', 0)} pod sockets in {maps.ACCEL_SOCKS}"]
+    if view.get("error"):
+        lines.append(f"acceleration counters unreadable: {view['error']}")
+    lines += [
+        f"acceleration counter (node) {name}: {value}"
+        for name, value in view.get("counters", {}).items()
+    ]
+    return lines
+
+
+def _acceleration(red: EbpfRedirector, *, enabled: bool, sockets: int) -> dict[str, Any]:
+    if not (red.maps_dir / maps.ACCEL_STATS).exists():
+        node = NODE_NOT_LOADED
+    elif "sockops" in maps.link_infos(red.pin_root / "node"):
+        node = NODE_ACTIVE
+    else:
+        node = NODE_DETACHED
+    out: dict[str, Any] = {"enabled": enabled, "node": node, "sockets": sockets}
+    try:
+        out["counters"] = maps.accel_stats(red.maps_dir)
+    except BpfError as exc:
+        out["counters"] = {}
+        out["error"] = str(exc)
+    return out
 
 
 def _target_id(spec: CaptureSpec, link: str) -> int:
