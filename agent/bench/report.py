@@ -9,7 +9,9 @@ Rules:
    `direct` for the rest; None when either is missing.
 2. A ratio is meshagent's number over the peer's, named
    `<metric>:<meshagent setup>/<peer setup>[@load]`; it is left out when
-   either side is missing or the peer's is zero. Lower is better for
+   either side is missing or the peer's is zero, and for added latency when
+   the peer's is not positive (its p99 was within the noise of `direct`'s, so
+   a quotient would only say which way the noise went). Lower is better for
    latency, CPU and memory ratios; higher for rps and Gbit/s.
 3. Goals are reported, never asserted.
 4. Acceleration (`accel_summary`): `meshagent-ebpf-accel` over
@@ -102,7 +104,10 @@ def ratios(rows: Sequence[Row]) -> dict[str, float]:
         xnode = setup.endswith("-xnode")
         for metric, key, load, peer_same, peer_x in _RATIOS:
             peer = peer_x if xnode else peer_same
-            value = _ratio(_get(rows, setup, load, key), _get(rows, peer, load, key))
+            theirs = _get(rows, peer, load, key)
+            if key == "added_p99_ms" and theirs is not None and theirs <= 0:
+                continue
+            value = _ratio(_get(rows, setup, load, key), theirs)
             if value is not None:
                 out[f"{metric}:{setup}/{peer}@{load}"] = value
     out.update(_accel_ratios(rows))

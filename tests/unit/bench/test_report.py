@@ -46,6 +46,19 @@ def test_ratio_with_a_zero_peer_is_left_out():
     assert report.ratios(rows) == {}
 
 
+def test_added_p99_ratio_is_left_out_when_the_peer_added_nothing_measurable():
+    rows = [
+        {"setup": "direct", "load": "http1-rate-2000", "p99_ms": 0.43},
+        {"setup": "haproxy-http", "load": "http1-rate-2000", "p99_ms": 0.35},  # below direct
+        {"setup": "meshagent-ebpf", "load": "http1-rate-2000", "p99_ms": 0.83},
+        {"setup": "haproxy-http", "load": "http1-saturate", "rps": 40000.0},
+        {"setup": "meshagent-ebpf", "load": "http1-saturate", "rps": 30000.0},
+    ]
+    r = report.document({}, rows, [])["ratios"]
+    assert not any(k.startswith("added_p99:") for k in r)
+    assert r["http1_saturate_rps:meshagent-ebpf/haproxy-http@http1-saturate"] == 0.75
+
+
 def test_memory_summary_sets_linkerd_sidecars_times_pods_and_the_goal_at_100():
     doc = report.document({}, _rows(), [])
     mem = doc["memory"]["meshagent-iptables@100"]
