@@ -4,7 +4,10 @@ Each client connection has one coroutine (`HttpConn.serve`) that serves its
 requests in order and, for each, asks a `Router` where it goes (outbound:
 balanced endpoint; inbound: the app after authorization), sends it on a
 pooled keep-alive upstream connection (agent.proxy.h1upstream) and streams
-the response back. The common request is served without it (rule 7).
+the response back. The common request is served without it (rule 7). The
+client side's protocol is agent.proxy.h1client, the callback exchange
+agent.proxy.h1fast, and what routers return (`Plan`, `Target`, `Reject`)
+agent.proxy.h1plan (re-exported here).
 
 Rules:
 1. In order: the next request is read only after the previous response was
@@ -49,13 +52,21 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import cast
 
 from agent.proxy import http1
-from agent.proxy.h1upstream import HIGH_WATER, LOW_WATER, Exchange, UpstreamConn
+from agent.proxy.h1client import ClientSide
+from agent.proxy.h1fast import (
+    KEEP_TE,
+    NO_KEEP,
+    CallbackExchange,
+    Handoff,
+    HeadOut,
+    response_head,
+    whole_request,
+)
+from agent.proxy.h1plan import Opener, Plan, Reject, Router, Target, reject
+from agent.proxy.h1upstream import Exchange, UpstreamConn
 from agent.proxy.http1 import (
     BodyData,
     Framing,
@@ -63,181 +74,23 @@ from agent.proxy.http1 import (
     ProtocolError,
     RequestHead,
     ResponseHead,
-    Upgraded,
 )
 from agent.proxy.profile import classify, should_retry
 from agent.proxy.record import REQUEST, Labels, recorder
 from agent.proxy.upstream import ConnPool, UpstreamError
 
-if TYPE_CHECKING:
-    from agent.proxy.balance import Handle
-    from agent.proxy.model import Route
-    from agent.proxy.profile import RetryBudgetState
-
 logger = logging.getLogger(__name__)
 
 REPLAY_LIMIT = 64 * 1024
 MAX_ATTEMPTS = 5  # per request, original included; the retry budget bounds the total too
-MAX_QUEUED_EVENTS = 256
 COALESCE_LIMIT = 16 * 1024  # body bytes copied to join a head in one write; more go separately
-_KEEP_TE = frozenset({b"transfer-encoding"})
-_NO_KEEP: frozenset[bytes] = frozenset()
 _HEAD_CACHE_MAX = 32  # request heads (as received -> as sent) cached per connection
-_WHOLE_PIECES_MAX = 16  # body pieces of a request the callback path takes at once
 
-Opener = Callable[[Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, Any]]]
-
-
-@dataclass(slots=True, kw_only=True)
-class Reject:
-    """Answer the request with this proxy response instead of forwarding it."""
-
-    status: int
-    response: bytes
-    close: bool = False
-
-
-@dataclass(slots=True, kw_only=True)
-class Target:
-    """Where one attempt goes: a pool key, how to open a connection, header rewrite."""
-
-    key: Hashable
-    open: Opener
-    rewrite: Callable[[http1.Headers], http1.Headers] | None = None
-    handle: Handle | None = None  # balancer handle: done(now, ok) when the attempt ends
-    labels: Labels = field(default_factory=dict)
-
-
-@dataclass(slots=True, kw_only=True)
-class Plan:
-    """How to serve one request: its route (retries, timeout, classes) and target choice."""
-
-    choose: Callable[[int], Target | Reject]  # attempt number -> target (no I/O, no waiting)
-    route: Route | None = None
-    budget: RetryBudgetState | None = None
-    timeout_s: float | None = None
-    labels: Labels = field(default_factory=dict)
-
-
-class Router(Protocol):
-    """Decides, per request, where it goes (outbound) or whether it may (inbound)."""
-
-    direction: str
-
-    def plan_now(self, head: RequestHead) -> Plan | Reject | None:
-        """The plan for `head` or a proxy answer, if known without waiting; else None."""
-        ...
-
-    async def plan(self, head: RequestHead) -> Plan | Reject:
-        """The plan for `head`, or a proxy answer (waits for state it needs)."""
-        ...
+__all__ = ["HttpConn", "Opener", "Plan", "Reject", "Router", "Target", "reject", "serve"]
 
 
 class _ClientGoneError(Exception):
     """The client vanished or sent a broken request; the connection ends."""
-
-
-# --- client side -------------------------------------------------------------------
-
-
-class _Down(asyncio.Protocol):
-    """The client connection's protocol: parse requests, queue events for the connection."""
-
-    def __init__(self, conn: HttpConn) -> None:
-        self.conn = conn
-        self.transport: asyncio.Transport | None = None
-        self.parser = http1.RequestParser()
-        self.events: deque[http1.Event] = deque()
-        self.queued = 0
-        self.paused = False
-        self.eof = False
-        self.lost = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        tr = cast("asyncio.Transport", transport)
-        self.transport = tr
-        tr.set_write_buffer_limits(HIGH_WATER, LOW_WATER)
-
-    def data_received(self, data: bytes) -> None:
-        evs = self.parser.feed(data)
-        for ev in evs:
-            if type(ev) is BodyData:
-                self.queued += len(ev.data)
-        self.events.extend(evs)
-        if (self.queued > HIGH_WATER or len(self.events) > MAX_QUEUED_EVENTS) and not self.paused:
-            self.paused = True
-            if self.transport is not None:
-                self.transport.pause_reading()
-        self.conn.arrived()
-
-    def eof_received(self) -> bool:
-        self.events.extend(self.parser.feed_eof())
-        self.eof = True
-        self.conn.arrived()
-        return True  # keep our side open to answer
-
-    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - Protocol API
-        self.lost = True
-        self.conn.client_lost()
-
-    def pause_writing(self) -> None:
-        self.conn.client_write_paused(paused=True)
-
-    def resume_writing(self) -> None:
-        self.conn.client_write_paused(paused=False)
-
-    def wake(self) -> None:
-        """Wake the coroutine waiting in `next_event`, if any."""
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-        self._waiter = None
-
-    def pop(self) -> http1.Event:
-        """The first queued event (there must be one); resumes reading once drained enough."""
-        ev = self.events.popleft()
-        if type(ev) is BodyData:
-            self.queued -= len(ev.data)
-        if self.paused and self.queued <= LOW_WATER and len(self.events) < MAX_QUEUED_EVENTS // 2:
-            self.paused = False
-            if self.transport is not None and not self.lost:
-                self.transport.resume_reading()
-        return ev
-
-    def push_front(self, body: list[bytes | memoryview]) -> None:
-        """Queue a request's body and end again, first (a callback send handed back)."""
-        self.events.appendleft(MessageEnd())
-        for data in reversed(body):
-            self.events.appendleft(BodyData(data))
-            self.queued += len(data)
-
-    def take_end(self) -> bool:
-        """Consume a queued `MessageEnd` without waiting; whether there was one next."""
-        events = self.events
-        if events and type(events[0]) is MessageEnd:
-            events.popleft()
-            return True
-        return False
-
-    async def next_event(self) -> http1.Event | None:
-        """The next parsed event; None when the client is gone or done sending."""
-        while not self.events:
-            if self.lost or self.eof:
-                return None
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-        return self.pop()
-
-
-@dataclass(slots=True)
-class _Handoff:
-    """A request the callbacks began (head taken, maybe planned) that the coroutine finishes."""
-
-    head: RequestHead
-    t0: float
-    plan: Plan | None = None
-    target: Target | None = None
 
 
 class HttpConn:
@@ -246,22 +99,22 @@ class HttpConn:
     def __init__(self, transport: asyncio.Transport, router: Router, pool: ConnPool) -> None:
         self.router = router
         self.pool = pool
-        self.down = _Down(self)
+        self.down = ClientSide(self)
         self.transport = transport
         self.current: UpstreamConn | None = None
         self.requests = 0
         self.callback_requests = 0  # of `requests`, answered by the callbacks alone (rule 7)
         self.body_done = False  # the current request's body was read from the client
-        self._write_paused = False
-        self._loop = asyncio.get_running_loop()
+        self.write_paused = False
+        self.loop = asyncio.get_running_loop()
         # Rule 7: the callback path's state.
         self.ctx = contextvars.copy_context()  # the connection's task context (record.CONN)
         self.parked: asyncio.Future[None] | None = None  # the coroutine sleeps on it
-        self.fast: _Fast | None = None  # the exchange the callbacks are serving
-        self.handoff: _Handoff | None = None
+        self.fast: CallbackExchange | None = None  # the exchange the callbacks are serving
+        self.handoff: Handoff | None = None
         self.stop = False  # no further request on this connection
         self._heads: dict[bytes, tuple[object, bytes]] = {}  # head as received -> (rewrite, sent)
-        self._resp_heads: dict[tuple[bytes, bool, bytes, bool], _HeadOut] = {}
+        self._resp_heads: dict[tuple[bytes, bool, bytes, bool], HeadOut] = {}
 
     def attach(self, prefix: bytes = b"", *, eof: bool = False) -> None:
         """Take over `transport` (paused) and feed what was already read."""
@@ -276,13 +129,13 @@ class HttpConn:
         elif not self.down.paused:
             tr.resume_reading()
 
-    # callbacks from _Down
+    # callbacks from ClientSide (agent.proxy.h1client)
     def arrived(self) -> None:
         """Client input (or its EOF) was queued."""
         if self.parked is None:
             self.down.wake()
         elif self.fast is None:
-            self.ctx.run(self._pump)
+            self.ctx.run(self.pump)
         # else: the callback exchange takes the queue when it ends
 
     def client_lost(self) -> None:
@@ -294,7 +147,7 @@ class HttpConn:
             self._unpark()
 
     def client_write_paused(self, *, paused: bool) -> None:
-        self._write_paused = paused
+        self.write_paused = paused
         up = self.current
         if up is not None and up.transport is not None and not up.lost:
             if paused:
@@ -327,12 +180,12 @@ class HttpConn:
             if not self.transport.is_closing():
                 self.transport.close()
 
-    async def _next(self) -> _Handoff | None:
+    async def _next(self) -> Handoff | None:
         """The next request for the coroutine, sleeping while the callbacks serve; None: done."""
         down = self.down
         while not self.stop:
             if self.handoff is None and down.events:
-                self.ctx.run(self._pump)
+                self.ctx.run(self.pump)
             work = self.handoff
             if work is not None:
                 self.handoff = None
@@ -340,29 +193,29 @@ class HttpConn:
             if self.stop:
                 break
             if self.fast is not None or not (down.events or down.lost or down.eof):
-                self.parked = self._loop.create_future()
+                self.parked = self.loop.create_future()
                 await self.parked  # the callbacks serve until they hand back
                 continue
             if not down.events:
                 break  # the client is gone or done sending
             ev = down.pop()
             if isinstance(ev, ProtocolError):
-                self._write(http1.error_response(ev.status, ev.reason, close=True))
+                self.write(http1.error_response(ev.status, ev.reason, close=True))
                 break
             if not isinstance(ev, RequestHead):
                 logger.error("BUG: request event out of place", extra={"event": repr(ev)})
                 break
             self.requests += 1
-            return _Handoff(ev, self._loop.time())
+            return Handoff(ev, self.loop.time())
         return None
 
-    def _write(self, data: bytes | memoryview) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         if not self.transport.is_closing():
             self.transport.write(data)
 
     # --- the callback path (rule 7) ---
 
-    def _pump(self) -> None:
+    def pump(self) -> None:
         """Serve queued whole requests in callbacks; hand the rest to the coroutine."""
         down = self.down
         events = down.events
@@ -376,7 +229,7 @@ class HttpConn:
             head = events[0]
             if type(head) is not RequestHead:
                 break
-            n = _whole(events)
+            n = whole_request(events)
             if (
                 not n
                 or head.upgrade is not None
@@ -389,27 +242,27 @@ class HttpConn:
                 break
             down.pop()  # from here on the request is ours
             self.requests += 1
-            t0 = self._loop.time()
+            t0 = self.loop.time()
             REQUEST.set(head)
             if type(plan) is Reject:
                 self._drop(n)
                 self.callback_requests += 1
-                self.stop = not (self._answer(plan, t0, {}) and head.keep_alive)
+                self.stop = not (self.answer(plan, t0, {}) and head.keep_alive)
                 continue
             assert type(plan) is Plan  # noqa: S101 - narrowing for mypy
             if plan.budget is not None or plan.timeout_s is not None:
-                self.handoff = _Handoff(head, t0, plan)
+                self.handoff = Handoff(head, t0, plan)
                 break
             target = plan.choose(1)
             if type(target) is Reject:
                 self._drop(n)
                 self.callback_requests += 1
-                self.stop = not (self._answer(target, t0, plan.labels) and head.keep_alive)
+                self.stop = not (self.answer(target, t0, plan.labels) and head.keep_alive)
                 continue
             assert type(target) is Target  # noqa: S101 - narrowing for mypy
             up = self.pool.take(target.key)
             if up is None:
-                self.handoff = _Handoff(head, t0, plan, target)
+                self.handoff = Handoff(head, t0, plan, target)
                 break
             up = cast("UpstreamConn", up)
             self._send_now(head=head, t0=t0, plan=plan, target=target, up=up, body=self._drop(n))
@@ -424,7 +277,7 @@ class HttpConn:
         body: list[bytes | memoryview] = []
         for _ in range(n - 1):
             ev = pop()
-            assert type(ev) is BodyData  # noqa: S101 - `_whole` checked
+            assert type(ev) is BodyData  # noqa: S101 - `whole_request` checked
             body.append(ev.data)
         pop()  # the end
         return body
@@ -439,7 +292,7 @@ class HttpConn:
         up: UpstreamConn,
         body: list[bytes | memoryview],
     ) -> None:
-        fast = _Fast(self, up, head=head, t0=t0, plan=plan, target=target, body=body)
+        fast = CallbackExchange(self, up, head=head, t0=t0, plan=plan, target=target, body=body)
         self.fast = fast
         self.current = up
         up.begin_with(fast, head.method)
@@ -457,7 +310,7 @@ class HttpConn:
             if hit is not None and hit[0] is rewrite:
                 return hit[1]
         headers = http1.strip_hop_by_hop(
-            head.headers, keep=_KEEP_TE if head.framing is Framing.CHUNKED else _NO_KEEP
+            head.headers, keep=KEEP_TE if head.framing is Framing.CHUNKED else NO_KEEP
         )
         if rewrite is not None:
             headers = rewrite(headers)
@@ -471,14 +324,14 @@ class HttpConn:
     def response_head(
         self, head: RequestHead, resp: ResponseHead
     ) -> tuple[list[bytes | memoryview], bool]:
-        """`_response_head`, cached by what decides it (the response head as received)."""
+        """`response_head`, cached by what decides it (the response head as received)."""
         raw = resp.raw
         if not raw:
-            return _response_head(head, resp)
+            return response_head(head, resp)
         key = (raw, head.method == b"HEAD", head.version, head.keep_alive)
         hit = self._resp_heads.get(key)
         if hit is None:
-            hit = _response_head(head, resp)
+            hit = response_head(head, resp)
             if len(self._resp_heads) >= _HEAD_CACHE_MAX:
                 self._resp_heads.clear()
             self._resp_heads[key] = hit
@@ -498,13 +351,13 @@ class HttpConn:
         if plan is None:
             if head.upgrade is not None or head.method == b"CONNECT":
                 await self._skip_body()
-                return self._answer(reject(501, "upgrade not supported", close=True), t0, {})
+                return self.answer(reject(501, "upgrade not supported", close=True), t0, {})
             plan = self.router.plan_now(head)
             if plan is None:
                 plan = await self.router.plan(head)
         if isinstance(plan, Reject):
             await self._skip_body()
-            return self._answer(plan, t0, {}) and head.keep_alive
+            return self.answer(plan, t0, {}) and head.keep_alive
         replay: bytes | None = None
         route = plan.route
         if (
@@ -540,7 +393,7 @@ class HttpConn:
             if isinstance(target, Reject):
                 if not self.body_done:
                     await self._skip_body()
-                return self._answer(target, t0, plan.labels) and head.keep_alive
+                return self.answer(target, t0, plan.labels) and head.keep_alive
             recorder().request(self.router.direction, target.labels or plan.labels)
             try:
                 if deadline is None:
@@ -565,7 +418,7 @@ class HttpConn:
     def _may_retry(self, plan: Plan, replay: bytes | None, status: int, attempt: int) -> bool:
         if replay is None or plan.budget is None:
             return False
-        now = self._loop.time()
+        now = self.loop.time()
         return should_retry(
             plan.route, status, attempt, plan.budget, now, max_attempts=MAX_ATTEMPTS
         )
@@ -587,7 +440,7 @@ class HttpConn:
         if not self.body_done and bodiless and not self.down.lost:
             self.body_done = await self._skip_body_safely()
         answer = reject(status, message, close=not self.body_done)
-        return self._answer(answer, t0, target.labels) and head.keep_alive
+        return self.answer(answer, t0, target.labels) and head.keep_alive
 
     async def _send(
         self, target: Target, head: RequestHead, replay: bytes | None
@@ -654,7 +507,7 @@ class HttpConn:
                 return
             else:  # client gone or broken body
                 if isinstance(ev, ProtocolError):
-                    self._write(http1.error_response(ev.status, ev.reason, close=True))
+                    self.write(http1.error_response(ev.status, ev.reason, close=True))
                 raise _ClientGoneError
 
     async def _read_body(self) -> bytes:
@@ -667,7 +520,7 @@ class HttpConn:
                 return b"".join(parts)
             else:
                 if isinstance(ev, ProtocolError):
-                    self._write(http1.error_response(ev.status, ev.reason, close=True))
+                    self.write(http1.error_response(ev.status, ev.reason, close=True))
                 raise _ClientGoneError
 
     async def _skip_body(self) -> None:
@@ -704,8 +557,8 @@ class HttpConn:
             parts += pending
             pending.clear()
         out = b"".join(parts)
-        self._write(out)
-        if self._write_paused and up.transport is not None:
+        self.write(out)
+        if self.write_paused and up.transport is not None:
             up.transport.pause_reading()
         exch.forward_to(self.transport)
         try:
@@ -715,7 +568,7 @@ class HttpConn:
             self._drop_current()
             self.transport.abort()
             raise _ClientGoneError from None
-        now = self._loop.time()
+        now = self.loop.time()
         self._end_handle(target, ok=not failure)
         up.finish()
         self.current = None
@@ -734,7 +587,7 @@ class HttpConn:
 
     def _end_handle(self, target: Target, *, ok: bool) -> None:
         if target.handle is not None:
-            target.handle.done(self._loop.time(), ok)
+            target.handle.done(self.loop.time(), ok)
 
     def _drop_current(self) -> None:
         up = self.current
@@ -742,232 +595,16 @@ class HttpConn:
             up.abort()
             self.current = None
 
-    def _answer(self, reject: Reject, t0: float, labels: Labels) -> bool:
-        self._write(reject.response)
+    def answer(self, reject: Reject, t0: float, labels: Labels) -> bool:
+        self.write(reject.response)
         recorder().response(
             self.router.direction,
             labels,
             status=reject.status,
-            latency_s=self._loop.time() - t0,
+            latency_s=self.loop.time() - t0,
             failure=reject.status >= 500,
         )
         return not reject.close
-
-
-class _Fast:
-    """One request served in protocol callbacks (rule 7): the upstream side's `Sink`."""
-
-    __slots__ = (
-        "body",
-        "conn",
-        "ended",
-        "failure",
-        "got_bytes",
-        "head",
-        "interim",
-        "keep",
-        "out",
-        "plan",
-        "resp",
-        "t0",
-        "target",
-        "up",
-    )
-
-    def __init__(  # noqa: PLR0913 - the facts of one request
-        self,
-        conn: HttpConn,
-        up: UpstreamConn,
-        *,
-        head: RequestHead,
-        t0: float,
-        plan: Plan,
-        target: Target,
-        body: list[bytes | memoryview],
-    ) -> None:
-        self.conn = conn
-        self.up = up
-        self.head = head
-        self.t0 = t0
-        self.plan = plan
-        self.target = target
-        self.body = body  # kept to hand the request back if the connection was dead
-        self.resp: ResponseHead | None = None
-        self.out: list[bytes | memoryview] = []  # for the client, written once per batch
-        self.ended = False
-        self.got_bytes = False
-        self.interim = False
-        self.failure = False
-        self.keep = True
-
-    # Sink API (called by UpstreamConn outside the connection's context)
-    def on_events(self, events: list[http1.Event]) -> None:
-        if events and self.conn.fast is self:
-            self.conn.ctx.run(self._on_events, events)
-
-    def fail(self, err: UpstreamError) -> None:
-        if self.conn.fast is self and not self.ended:
-            self.conn.ctx.run(self._broken, err)
-
-    def _on_events(self, events: list[http1.Event]) -> None:
-        self.got_bytes = True
-        out = self.out
-        for ev in events:
-            kind = type(ev)
-            if kind is BodyData:
-                out.append(cast("BodyData", ev).data)
-            elif kind is MessageEnd:
-                if self.interim:
-                    self.interim = False
-                    continue
-                self._end()
-                return
-            elif kind is ResponseHead:
-                resp = cast("ResponseHead", ev)
-                if resp.status < 200:
-                    self.interim = True  # no Expect on this path: nobody waits for a 100
-                    continue
-                self.resp = resp
-                self.failure = classify(self.plan.route, resp.status)
-                parts, self.keep = self.conn.response_head(self.head, resp)
-                out += parts
-            elif kind is ProtocolError:
-                reason = cast("ProtocolError", ev).reason
-                self._broken(UpstreamError("upstream", f"bad response: {reason}"))
-                return
-            elif kind is Upgraded:
-                self._broken(UpstreamError("upstream", "protocol switch is not supported here"))
-                return
-            else:
-                raise AssertionError(f"BUG: unexpected response event {ev!r}")
-        self._flush()
-
-    def _flush(self) -> None:
-        out = self.out
-        if not out:
-            return
-        data = out[0] if len(out) == 1 else b"".join(out)
-        out.clear()
-        conn = self.conn
-        conn._write(data)  # noqa: SLF001 - the connection's own callback half
-        tr = self.up.transport
-        if conn._write_paused and tr is not None:  # noqa: SLF001
-            tr.pause_reading()
-
-    def _end(self) -> None:
-        self._flush()
-        self.ended = True
-        conn = self.conn
-        up = self.up
-        resp = self.resp
-        assert resp is not None  # noqa: S101 - the parser ends a message only after its head
-        now = conn._loop.time()  # noqa: SLF001
-        target = self.target
-        if target.handle is not None:
-            target.handle.done(now, not self.failure)
-        up.finish()
-        conn.current = None
-        if resp.keep_alive:
-            conn.pool.release(up)  # closes it when not reusable
-        else:
-            up.close()
-        rec = recorder()
-        direction = conn.router.direction
-        rec.request(direction, target.labels)
-        rec.response(
-            direction,
-            target.labels,
-            status=resp.status,
-            latency_s=now - self.t0,
-            failure=self.failure,
-        )
-        conn.fast = None
-        conn.callback_requests += 1
-        if not self.keep:
-            conn.stop = True
-        conn._pump()  # noqa: SLF001 - the next queued request
-
-    def _broken(self, err: UpstreamError) -> None:
-        """The upstream failed: resend, answer 502, or abort the client (rule 5)."""
-        self.ended = True
-        conn = self.conn
-        up = self.up
-        target = self.target
-        handle = target.handle
-        up.finish()
-        up.abort()
-        conn.current = None
-        conn.fast = None
-        now = conn._loop.time()  # noqa: SLF001
-        if self.resp is not None:  # the head went out: the client cannot be told
-            if handle is not None:
-                handle.done(now, ok=False)
-            conn.transport.abort()
-            conn.stop = True
-        elif conn.down.lost:  # we aborted it because the client went away
-            if handle is not None:
-                handle.cancel()
-        elif not self.got_bytes:  # a pooled connection that was dead: send it again
-            if handle is not None:
-                handle.cancel()
-            conn.down.push_front(self.body)
-            conn.handoff = _Handoff(self.head, self.t0, self.plan)
-        else:
-            if handle is not None:
-                handle.done(now, ok=False)
-            recorder().request(conn.router.direction, target.labels)
-            conn.callback_requests += 1
-            answer = reject(err.status, str(err))
-            conn.stop = not (conn._answer(answer, self.t0, target.labels) and self.head.keep_alive)  # noqa: SLF001
-        conn._pump()  # noqa: SLF001
-
-
-def _whole(events: deque[http1.Event]) -> int:
-    """How many events after the head at `events[0]` end its request (body pieces and end).
-
-    0 when the request has not arrived whole or its body came in too many pieces.
-    """
-    for i in range(1, min(len(events), _WHOLE_PIECES_MAX + 2)):
-        kind = type(events[i])
-        if kind is MessageEnd:
-            return i
-        if kind is not BodyData:
-            return 0
-    return 0
-
-
-_HeadOut = tuple[list[bytes | memoryview], bool]
-
-
-def _response_head(head: RequestHead, resp: ResponseHead) -> _HeadOut:
-    """The response head for the client (hop-by-hop dropped), and whether it keeps alive."""
-    keep = head.keep_alive and resp.framing is not Framing.UNTIL_CLOSE
-    headers = http1.strip_hop_by_hop(
-        resp.headers, keep=_KEEP_TE if resp.framing is Framing.CHUNKED else _NO_KEEP
-    )
-    if (
-        headers is resp.headers
-        and keep
-        and head.version == b"1.1"
-        and resp.version == b"1.1"
-        and resp.reason
-        and resp.raw
-    ):
-        return [resp.raw, b"\r\n\r\n"], keep  # nothing to change: as received
-    if not keep:
-        headers = [*headers, (b"connection", b"close")]
-    elif head.version == b"1.0":
-        headers = [*headers, (b"connection", b"keep-alive")]
-    return [http1.response_head_bytes(resp.status, headers, resp.reason or None)], keep
-
-
-def reject(status: int, message: str, *, close: bool = False, grpc: int | None = None) -> Reject:
-    """A proxy answer: `l5d-proxy-error` response, or a gRPC trailers-only error."""
-    if grpc is not None:
-        return Reject(status=status, response=http1.grpc_error_response(grpc, message), close=close)
-    return Reject(
-        status=status, response=http1.error_response(status, message, close=close), close=close
-    )
 
 
 async def serve(

@@ -1,0 +1,303 @@
+"""The HTTP/1 callback path: one request served inside protocol callbacks.
+
+agent.proxy.httpproxy (module rule 7) starts a `CallbackExchange` from the
+client's `data_received` when a request arrived whole and can go at once; the
+upstream connection (agent.proxy.h1upstream) then feeds it the response, and
+it answers the client from there, in the connection's context.
+
+Rules:
+1. The response leaves in one client write per batch of upstream events:
+   head (`response_head`, hop-by-hop dropped) and body pieces joined.
+2. At the end: the balancer handle is done with the response's class, the
+   upstream connection goes back to the pool, the recorder counts request and
+   response, and the connection takes its next queued request (`pump`).
+3. Failure before the head: a pooled connection that died without a byte is
+   not the request's fault, so the request is handed to the coroutine
+   (`Handoff`) to be sent again on a fresh connection; garbage is answered
+   502. After the head the client is aborted (httpproxy's module rule 5).
+4. A late callback of an exchange its connection no longer serves is ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, cast
+
+from agent.proxy import http1
+from agent.proxy.h1plan import Plan, Reject, Target, reject
+from agent.proxy.http1 import (
+    BodyData,
+    Framing,
+    MessageEnd,
+    ProtocolError,
+    RequestHead,
+    ResponseHead,
+    Upgraded,
+)
+from agent.proxy.profile import classify
+from agent.proxy.record import recorder
+from agent.proxy.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    import asyncio
+    import contextvars
+    from collections import deque
+
+    from agent.proxy.h1client import ClientSide
+    from agent.proxy.h1plan import Router
+    from agent.proxy.h1upstream import UpstreamConn
+    from agent.proxy.record import Labels
+    from agent.proxy.upstream import ConnPool
+
+WHOLE_PIECES_MAX = 16  # body pieces of a request the callback path takes at once
+KEEP_TE = frozenset({b"transfer-encoding"})
+NO_KEEP: frozenset[bytes] = frozenset()
+
+HeadOut = tuple[list[bytes | memoryview], bool]
+
+
+class Conn(Protocol):
+    """What a callback exchange needs of its connection (httpproxy's `HttpConn`)."""
+
+    ctx: contextvars.Context
+    loop: asyncio.AbstractEventLoop
+    down: ClientSide
+    router: Router
+    pool: ConnPool
+    transport: asyncio.Transport
+    fast: CallbackExchange | None
+    current: UpstreamConn | None
+    handoff: Handoff | None
+    stop: bool
+    write_paused: bool
+    callback_requests: int
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Write to the client unless it is closing."""
+        ...
+
+    def pump(self) -> None:
+        """Take the next queued request (callbacks) or hand over to the coroutine."""
+        ...
+
+    def answer(self, reject: Reject, t0: float, labels: Labels) -> bool:
+        """Answer with a proxy response; whether the connection may carry another."""
+        ...
+
+    def response_head(self, head: RequestHead, resp: ResponseHead) -> HeadOut:
+        """The client's response head for `resp` (cached per connection)."""
+        ...
+
+
+@dataclass(slots=True)
+class Handoff:
+    """A request the callbacks began (head taken, maybe planned) that the coroutine finishes."""
+
+    head: RequestHead
+    t0: float
+    plan: Plan | None = None
+    target: Target | None = None
+
+
+class CallbackExchange:
+    """One request served in protocol callbacks: the upstream connection's `Sink`."""
+
+    __slots__ = (
+        "body",
+        "conn",
+        "ended",
+        "failure",
+        "got_bytes",
+        "head",
+        "interim",
+        "keep",
+        "out",
+        "plan",
+        "resp",
+        "t0",
+        "target",
+        "up",
+    )
+
+    def __init__(  # noqa: PLR0913 - the facts of one request
+        self,
+        conn: Conn,
+        up: UpstreamConn,
+        *,
+        head: RequestHead,
+        t0: float,
+        plan: Plan,
+        target: Target,
+        body: list[bytes | memoryview],
+    ) -> None:
+        self.conn = conn
+        self.up = up
+        self.head = head
+        self.t0 = t0
+        self.plan = plan
+        self.target = target
+        self.body = body  # kept to hand the request back if the connection was dead
+        self.resp: ResponseHead | None = None
+        self.out: list[bytes | memoryview] = []  # for the client, written once per batch
+        self.ended = False
+        self.got_bytes = False
+        self.interim = False
+        self.failure = False
+        self.keep = True
+
+    # Sink API (called by UpstreamConn outside the connection's context)
+    def on_events(self, events: list[http1.Event]) -> None:
+        if events and self.conn.fast is self:
+            self.conn.ctx.run(self._on_events, events)
+
+    def fail(self, err: UpstreamError) -> None:
+        if self.conn.fast is self and not self.ended:
+            self.conn.ctx.run(self._broken, err)
+
+    def _on_events(self, events: list[http1.Event]) -> None:
+        self.got_bytes = True
+        out = self.out
+        for ev in events:
+            kind = type(ev)
+            if kind is BodyData:
+                out.append(cast("BodyData", ev).data)
+            elif kind is MessageEnd:
+                if self.interim:
+                    self.interim = False
+                    continue
+                self._end()
+                return
+            elif kind is ResponseHead:
+                resp = cast("ResponseHead", ev)
+                if resp.status < 200:
+                    self.interim = True  # no Expect on this path: nobody waits for a 100
+                    continue
+                self.resp = resp
+                self.failure = classify(self.plan.route, resp.status)
+                parts, self.keep = self.conn.response_head(self.head, resp)
+                out += parts
+            elif kind is ProtocolError:
+                reason = cast("ProtocolError", ev).reason
+                self._broken(UpstreamError("upstream", f"bad response: {reason}"))
+                return
+            elif kind is Upgraded:
+                self._broken(UpstreamError("upstream", "protocol switch is not supported here"))
+                return
+            else:
+                raise AssertionError(f"BUG: unexpected response event {ev!r}")
+        self._flush()
+
+    def _flush(self) -> None:
+        out = self.out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        conn = self.conn
+        conn.write(data)
+        tr = self.up.transport
+        if conn.write_paused and tr is not None:
+            tr.pause_reading()
+
+    def _end(self) -> None:
+        self._flush()
+        self.ended = True
+        conn = self.conn
+        up = self.up
+        resp = self.resp
+        assert resp is not None  # noqa: S101 - the parser ends a message only after its head
+        now = conn.loop.time()
+        target = self.target
+        if target.handle is not None:
+            target.handle.done(now, not self.failure)
+        up.finish()
+        conn.current = None
+        if resp.keep_alive:
+            conn.pool.release(up)  # closes it when not reusable
+        else:
+            up.close()
+        rec = recorder()
+        direction = conn.router.direction
+        rec.request(direction, target.labels)
+        rec.response(
+            direction,
+            target.labels,
+            status=resp.status,
+            latency_s=now - self.t0,
+            failure=self.failure,
+        )
+        conn.fast = None
+        conn.callback_requests += 1
+        if not self.keep:
+            conn.stop = True
+        conn.pump()  # the next queued request
+
+    def _broken(self, err: UpstreamError) -> None:
+        """The upstream failed: resend, answer 502, or abort the client (rule 5)."""
+        self.ended = True
+        conn = self.conn
+        up = self.up
+        target = self.target
+        handle = target.handle
+        up.finish()
+        up.abort()
+        conn.current = None
+        conn.fast = None
+        now = conn.loop.time()
+        if self.resp is not None:  # the head went out: the client cannot be told
+            if handle is not None:
+                handle.done(now, ok=False)
+            conn.transport.abort()
+            conn.stop = True
+        elif conn.down.lost:  # we aborted it because the client went away
+            if handle is not None:
+                handle.cancel()
+        elif not self.got_bytes:  # a pooled connection that was dead: send it again
+            if handle is not None:
+                handle.cancel()
+            conn.down.push_front(self.body)
+            conn.handoff = Handoff(self.head, self.t0, self.plan)
+        else:
+            if handle is not None:
+                handle.done(now, ok=False)
+            recorder().request(conn.router.direction, target.labels)
+            conn.callback_requests += 1
+            answer = reject(err.status, str(err))
+            conn.stop = not (conn.answer(answer, self.t0, target.labels) and self.head.keep_alive)
+        conn.pump()
+
+
+def whole_request(events: deque[http1.Event]) -> int:
+    """How many events after the head at `events[0]` end its request (body pieces and end).
+
+    0 when the request has not arrived whole or its body came in too many pieces.
+    """
+    for i in range(1, min(len(events), WHOLE_PIECES_MAX + 2)):
+        kind = type(events[i])
+        if kind is MessageEnd:
+            return i
+        if kind is not BodyData:
+            return 0
+    return 0
+
+
+def response_head(head: RequestHead, resp: ResponseHead) -> HeadOut:
+    """The response head for the client (hop-by-hop dropped), and whether it keeps alive."""
+    keep = head.keep_alive and resp.framing is not Framing.UNTIL_CLOSE
+    headers = http1.strip_hop_by_hop(
+        resp.headers, keep=KEEP_TE if resp.framing is Framing.CHUNKED else NO_KEEP
+    )
+    if (
+        headers is resp.headers
+        and keep
+        and head.version == b"1.1"
+        and resp.version == b"1.1"
+        and resp.reason
+        and resp.raw
+    ):
+        return [resp.raw, b"\r\n\r\n"], keep  # nothing to change: as received
+    if not keep:
+        headers = [*headers, (b"connection", b"close")]
+    elif head.version == b"1.0":
+        headers = [*headers, (b"connection", b"keep-alive")]
+    return [http1.response_head_bytes(resp.status, headers, resp.reason or None)], keep

@@ -1,0 +1,79 @@
+"""What an HTTP/1 router decides per request: a plan, a target, or a proxy answer.
+
+`Router.plan_now(head)` answers without waiting when it can (the callback
+path of agent.proxy.httpproxy needs that); `plan(head)` may wait for state.
+A `Plan` chooses a `Target` per attempt, without I/O; a `Reject` is answered
+by the proxy itself (`reject` builds the `l5d-proxy-error` or gRPC form).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agent.proxy import http1
+
+if TYPE_CHECKING:
+    from agent.proxy.balance import Handle
+    from agent.proxy.http1 import RequestHead
+    from agent.proxy.model import Route
+    from agent.proxy.profile import RetryBudgetState
+    from agent.proxy.record import Labels
+
+Opener = Callable[[Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, Any]]]
+
+
+@dataclass(slots=True, kw_only=True)
+class Reject:
+    """Answer the request with this proxy response instead of forwarding it."""
+
+    status: int
+    response: bytes
+    close: bool = False
+
+
+@dataclass(slots=True, kw_only=True)
+class Target:
+    """Where one attempt goes: a pool key, how to open a connection, header rewrite."""
+
+    key: Hashable
+    open: Opener
+    rewrite: Callable[[http1.Headers], http1.Headers] | None = None
+    handle: Handle | None = None  # balancer handle: done(now, ok) when the attempt ends
+    labels: Labels = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class Plan:
+    """How to serve one request: its route (retries, timeout, classes) and target choice."""
+
+    choose: Callable[[int], Target | Reject]  # attempt number -> target (no I/O, no waiting)
+    route: Route | None = None
+    budget: RetryBudgetState | None = None
+    timeout_s: float | None = None
+    labels: Labels = field(default_factory=dict)
+
+
+class Router(Protocol):
+    """Decides, per request, where it goes (outbound) or whether it may (inbound)."""
+
+    direction: str
+
+    def plan_now(self, head: RequestHead) -> Plan | Reject | None:
+        """The plan for `head` or a proxy answer, if known without waiting; else None."""
+        ...
+
+    async def plan(self, head: RequestHead) -> Plan | Reject:
+        """The plan for `head`, or a proxy answer (waits for state it needs)."""
+        ...
+
+
+def reject(status: int, message: str, *, close: bool = False, grpc: int | None = None) -> Reject:
+    """A proxy answer: `l5d-proxy-error` response, or a gRPC trailers-only error."""
+    if grpc is not None:
+        return Reject(status=status, response=http1.grpc_error_response(grpc, message), close=close)
+    return Reject(
+        status=status, response=http1.error_response(status, message, close=close), close=close
+    )
