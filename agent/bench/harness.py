@@ -54,7 +54,7 @@ ALL_LOADS = (
     "conn-rate",
 )
 MEMORY_PODS = (1, 10, 50, 100)
-QUICK_MEMORY_PODS = (1, 10, 100)
+QUICK_MEMORY_PODS = (1, 100)
 QUICK_LOADS = tuple(x for x in ALL_LOADS if x not in ("http1-rate-500", "http1-rr"))
 
 
@@ -97,8 +97,8 @@ class Options:
             setups=wanted_setups or tuple(setups.SETUPS),
             loads=run_loads,
             memory_pods=memory,
-            duration_s=duration_s or (1.5 if quick else 10.0),
-            warmup_s=0.5 if quick else 2.0,
+            duration_s=duration_s or (1.0 if quick else 10.0),
+            warmup_s=0.3 if quick else 2.0,
         )
 
 
