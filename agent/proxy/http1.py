@@ -123,6 +123,9 @@ class MessageEnd:
     trailers: Headers | None = None
 
 
+_END = MessageEnd()  # the one end event of the fast paths (events are never mutated)
+
+
 @dataclass(slots=True)
 class ProtocolError:
     """The peer sent something we will not forward; `status` is what to answer."""
@@ -462,7 +465,8 @@ def _keep_alive(version: bytes, tokens: frozenset[bytes]) -> bool:
 _CACHE_BLOCK_MAX = 2048
 _CACHE_ENTRIES_MAX = 256
 _REQUEST_HEADS: dict[bytes, RequestHead] = {}
-_RESPONSE_HEADS: dict[tuple[bytes, bool], ResponseHead] = {}
+# Responses by head bytes, one table for answers to HEAD (index 1) and one for the rest (0).
+_RESPONSE_HEADS: tuple[dict[bytes, ResponseHead], dict[bytes, ResponseHead]] = ({}, {})
 
 
 class RequestParser(_Parser):
@@ -490,7 +494,7 @@ class RequestParser(_Parser):
                     self._switching = False
                     if not keep:
                         self._state = _S.CLOSED
-                    return [hit, MessageEnd()]
+                    return [hit, _END]
         return super().feed(data)
 
     def upgrade_accepted(self) -> bytes:
@@ -577,9 +581,12 @@ class RequestParser(_Parser):
 class _Pending:
     method: bytes
     upgrade: bool
+    plain: bool  # neither an upgrade nor CONNECT: the response cannot switch protocols
+    is_head: bool  # the response has no body whatever its framing says
 
 
 _PENDING: dict[tuple[bytes, bool], _Pending] = {}  # shared: they are immutable
+_PENDING_PLAIN: dict[bytes, _Pending] = {}  # the same, for requests that ask no upgrade
 
 
 class ResponseParser(_Parser):
@@ -594,11 +601,20 @@ class ResponseParser(_Parser):
 
     def expect(self, method: bytes, *, upgrade: bool = False) -> None:
         """A request was sent; its response comes after those already expected."""
+        if not upgrade:
+            pend = _PENDING_PLAIN.get(method)
+            if pend is not None:
+                self._pending.append(pend)
+                return
         pend = _PENDING.get((method, upgrade))
         if pend is None:
-            pend = _Pending(method, upgrade)
+            pend = _Pending(
+                method, upgrade, not upgrade and method != b"CONNECT", method == b"HEAD"
+            )
             if len(_PENDING) < _CACHE_ENTRIES_MAX:
                 _PENDING[method, upgrade] = pend
+                if not upgrade:
+                    _PENDING_PLAIN[method] = pend
         self._pending.append(pend)
 
     def feed(self, data: bytes) -> list[Event]:
@@ -609,8 +625,8 @@ class ResponseParser(_Parser):
         if self._state is _S.HEAD and not self._stash and pending and type(data) is bytes:
             request = pending[0]
             idx = data.find(b"\r\n\r\n")
-            if idx > 0 and not request.upgrade and request.method != b"CONNECT":
-                hit = _RESPONSE_HEADS.get((data[:idx], request.method == b"HEAD"))
+            if idx > 0 and request.plain:
+                hit = _RESPONSE_HEADS[request.is_head].get(data[:idx])
                 end = idx + 4
                 if hit is not None and hit.status >= 200 and idx <= self.max_head:
                     framing = hit.framing
@@ -624,12 +640,8 @@ class ResponseParser(_Parser):
                         if not keep:
                             self._state = _S.CLOSED
                         if rest:
-                            return [
-                                hit,
-                                BodyData(_view(data, end, len(data))),
-                                MessageEnd(),
-                            ]
-                        return [hit, MessageEnd()]
+                            return [hit, BodyData(memoryview(data)[end:]), _END]
+                        return [hit, _END]
         return super().feed(data)
 
     def _on_head(self, data: bytes, pos: int, events: list[Event]) -> int:  # noqa: PLR0911 - one exit per outcome
@@ -666,15 +678,15 @@ class ResponseParser(_Parser):
         return end
 
     def _response_head(self, block: bytes, method: bytes) -> ResponseHead:
-        key = (block, method == b"HEAD")  # the only use of the method below
-        hit = _RESPONSE_HEADS.get(key)
+        table = _RESPONSE_HEADS[method == b"HEAD"]  # the only use of the method below
+        hit = table.get(block)
         if hit is not None:
             return hit
         head = self._parse_response_head(block, method)
         if len(block) <= _CACHE_BLOCK_MAX:
-            if len(_RESPONSE_HEADS) >= _CACHE_ENTRIES_MAX:
-                _RESPONSE_HEADS.clear()
-            _RESPONSE_HEADS[key] = head
+            if len(table) >= _CACHE_ENTRIES_MAX:
+                table.clear()
+            table[block] = head
         return head
 
     def _parse_response_head(self, block: bytes, method: bytes) -> ResponseHead:
