@@ -562,10 +562,17 @@ def _inspect_entry(entry: Enrollment, registry: Registry) -> CaptureState:
             iptables_mode=entry.backend or "auto",
             writer=entry.writer or "restore",
         )
-        pin_root = entry.extra.get("pin_root")
-        if entry.mode is Mode.EBPF and pin_root:
-            # An agent may pin under its own root (the sandbox gives each node one).
-            red = type(red)(pin_root=Path(pin_root), registry=registry)
+        if entry.mode is Mode.EBPF:
+            # Inspect as the agent that enrolled the pod: under its pin root (the sandbox
+            # gives each node one) and with its acceleration setting, both recorded, not
+            # this process's environment.
+            pin_root = entry.extra.get("pin_root")
+            kwargs: dict[str, Any] = {"registry": registry}
+            if pin_root:
+                kwargs["pin_root"] = Path(pin_root)
+            if isinstance(entry.extra.get("accelerate"), bool):
+                kwargs["accelerate"] = entry.extra["accelerate"]
+            red = type(red)(**kwargs)
         return red.inspect(spec)  # type: ignore[no-any-return]
     except (RedirectError, SettingError) as exc:
         return CaptureState(

@@ -97,7 +97,8 @@ def _show(registry: Registry, pod: str, *fmt: str) -> str:
         text=True,
         timeout=60,
         check=False,
-        env={**os.environ, "MESHAGENT_EBPF_ACCEL": "1"},
+        # Not this process's MESHAGENT_EBPF_ACCEL: show inspects with the recorded setting.
+        env={k: v for k, v in os.environ.items() if k != "MESHAGENT_EBPF_ACCEL"},
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -112,6 +113,7 @@ def test_ebpf_pod_without_acceleration_shows_it_disabled_and_sk_msg_not_loaded(e
     assert not (red.maps_dir / maps.ACCEL_STATS).exists()
     view = _show_json(registry, "test/app")
     assert view["mode"] == "ebpf"
+    assert not view["drift"]
     assert view["acceleration"] == {
         "enabled": False,
         "node": "not-loaded",
@@ -130,7 +132,9 @@ def test_accelerated_pod_shows_its_sockets_and_the_counters_the_kernel_keeps(
     red, spec = ebpf_pod
     red.accelerate = True
     red.enroll(spec)
-    before = _show_json(registry, "test/app")["acceleration"]
+    shown = _show_json(registry, "test/app")
+    assert not shown["drift"]  # accelerated as recorded, whatever the CLI's environment says
+    before = shown["acceleration"]
     assert before["enabled"] is True
     assert before["node"] == "active"
     assert before["sockets"] == 0
