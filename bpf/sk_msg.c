@@ -59,35 +59,7 @@ static __always_inline int ma_switch_off(struct ma_sock_key *self, __u32 why)
     return SK_PASS;
 }
 
-/* As bpf/sockops.c ma_sockops_ip4: IPv4, or v4-mapped IPv6 addresses. */
-static __always_inline int ma_msg_ip4(struct sk_msg_md *m, __u32 *local, __u32 *remote)
-{
-    /* Every field is read up front, each at its own constant offset: a load
-     * whose address depends on the family is a "modified ctx ptr" to the
-     * verifier. */
-    __u32 family = m->family;
-    __u32 l4 = m->local_ip4, r4 = m->remote_ip4;
-    __u32 l6_0 = m->local_ip6[0], l6_1 = m->local_ip6[1];
-    __u32 l6_2 = m->local_ip6[2], l6_3 = m->local_ip6[3];
-    __u32 r6_0 = m->remote_ip6[0], r6_1 = m->remote_ip6[1];
-    __u32 r6_2 = m->remote_ip6[2], r6_3 = m->remote_ip6[3];
-    /* the empty asm uses each value here, so clang cannot sink the loads
-     * into the branches and merge them into one load from a chosen offset */
-    asm volatile("" : : "r"(l4), "r"(r4), "r"(l6_3), "r"(r6_3));
-    asm volatile("" : : "r"(l6_0), "r"(l6_1), "r"(l6_2), "r"(r6_0), "r"(r6_1), "r"(r6_2));
-    if (family == MA_AF_INET) {
-        *local = l4;
-        *remote = r4;
-        return 1;
-    }
-    if (family != MA_AF_INET6 || (l6_0 | l6_1 | r6_0 | r6_1))
-        return 0;
-    if (l6_2 != bpf_htonl(0xffff) || r6_2 != bpf_htonl(0xffff))
-        return 0;
-    *local = l6_3;
-    *remote = r6_3;
-    return 1;
-}
+MA_DEFINE_IP4_OF(ma_msg_ip4, struct sk_msg_md)
 
 int ma_sk_msg(struct sk_msg_md *msg)
 {

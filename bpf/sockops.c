@@ -45,37 +45,7 @@ static __always_inline int ma_accel_local_pair(__u32 local_be, __u32 remote_be)
     return local_be == remote_be;
 }
 
-/* The IPv4 addresses of an AF_INET socket, or of an AF_INET6 one whose
- * addresses are v4-mapped (a dual-stack [::] listener's connections, e.g.
- * iperf3's); 0 for anything else. */
-static __always_inline int ma_sockops_ip4(struct bpf_sock_ops *s, __u32 *local, __u32 *remote)
-{
-    /* Every field is read up front, each at its own constant offset: a load
-     * whose address depends on the family is a "modified ctx ptr" to the
-     * verifier. */
-    __u32 family = s->family;
-    __u32 l4 = s->local_ip4, r4 = s->remote_ip4;
-    __u32 l6_0 = s->local_ip6[0], l6_1 = s->local_ip6[1];
-    __u32 l6_2 = s->local_ip6[2], l6_3 = s->local_ip6[3];
-    __u32 r6_0 = s->remote_ip6[0], r6_1 = s->remote_ip6[1];
-    __u32 r6_2 = s->remote_ip6[2], r6_3 = s->remote_ip6[3];
-    /* the empty asm uses each value here, so clang cannot sink the loads
-     * into the branches and merge them into one load from a chosen offset */
-    asm volatile("" : : "r"(l4), "r"(r4), "r"(l6_3), "r"(r6_3));
-    asm volatile("" : : "r"(l6_0), "r"(l6_1), "r"(l6_2), "r"(r6_0), "r"(r6_1), "r"(r6_2));
-    if (family == MA_AF_INET) {
-        *local = l4;
-        *remote = r4;
-        return 1;
-    }
-    if (family != MA_AF_INET6 || (l6_0 | l6_1 | r6_0 | r6_1))
-        return 0;
-    if (l6_2 != bpf_htonl(0xffff) || r6_2 != bpf_htonl(0xffff))
-        return 0;
-    *local = l6_3;
-    *remote = r6_3;
-    return 1;
-}
+MA_DEFINE_IP4_OF(ma_sockops_ip4, struct bpf_sock_ops)
 
 static __always_inline void ma_accel_record(struct bpf_sock_ops *skops, int active)
 {

@@ -200,4 +200,39 @@ static __always_inline int ma_should_redirect(const struct ma_pod_config *cfg, _
     return 1;
 }
 
+/* MA_DEFINE_IP4_OF(name, ctx_type) defines `int name(ctx_type *c, __u32 *local,
+ * __u32 *remote)`: the IPv4 addresses of an AF_INET socket, or of an AF_INET6 one
+ * whose addresses are v4-mapped (a dual-stack [::] listener's connections, e.g.
+ * iperf3's); 0 for anything else. `struct bpf_sock_ops` (sockops) and `struct
+ * sk_msg_md` (sk_msg) name these fields alike; a macro gives each program a
+ * function typed for its own context.
+ * Every field is read up front, each at its own constant offset: a load whose
+ * address depends on the family is a "modified ctx ptr" to the verifier. The
+ * empty asm uses each value, so clang cannot sink the loads into the branches
+ * and merge them into one load from a chosen offset. */
+#define MA_DEFINE_IP4_OF(name, ctx_type)                                                    \
+    static __always_inline int name(ctx_type *c, __u32 *local, __u32 *remote)             \
+    {                                                                                      \
+        __u32 family = c->family;                                                          \
+        __u32 l4 = c->local_ip4, r4 = c->remote_ip4;                                       \
+        __u32 l6_0 = c->local_ip6[0], l6_1 = c->local_ip6[1];                              \
+        __u32 l6_2 = c->local_ip6[2], l6_3 = c->local_ip6[3];                              \
+        __u32 r6_0 = c->remote_ip6[0], r6_1 = c->remote_ip6[1];                            \
+        __u32 r6_2 = c->remote_ip6[2], r6_3 = c->remote_ip6[3];                            \
+        asm volatile("" : : "r"(l4), "r"(r4), "r"(l6_3), "r"(r6_3));                       \
+        asm volatile("" : : "r"(l6_0), "r"(l6_1), "r"(l6_2), "r"(r6_0), "r"(r6_1), "r"(r6_2)); \
+        if (family == MA_AF_INET) {                                                        \
+            *local = l4;                                                                   \
+            *remote = r4;                                                                  \
+            return 1;                                                                      \
+        }                                                                                  \
+        if (family != MA_AF_INET6 || (l6_0 | l6_1 | r6_0 | r6_1))                          \
+            return 0;                                                                      \
+        if (l6_2 != bpf_htonl(0xffff) || r6_2 != bpf_htonl(0xffff))                        \
+            return 0;                                                                      \
+        *local = l6_3;                                                                     \
+        *remote = r6_3;                                                                    \
+        return 1;                                                                          \
+    }
+
 #endif /* MESHAGENT_H */
