@@ -196,6 +196,15 @@ async def _read_responses(
     return out
 
 
+async def _get(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: bytes
+) -> tuple[int, bytes, bytes]:
+    """GET `path` on the open connection; its (status, head, body)."""
+    writer.write(b"GET " + path + b" HTTP/1.1\r\nHost: web\r\n\r\n")
+    [got] = await _read_responses(reader, 1)
+    return got
+
+
 def _ok(body: bytes, extra: bytes = b"") -> bytes:
     return b"HTTP/1.1 200 OK\r\n" + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body
 
@@ -226,8 +235,7 @@ def test_pipelined_mix_of_simple_and_streamed_requests_is_answered_in_order(run:
     async def body() -> None:
         async with _world(_ok) as (up, proxy):
             reader, writer = await asyncio.open_connection(HOST, proxy.port)
-            writer.write(b"GET /warm HTTP/1.1\r\nHost: web\r\n\r\n")
-            await _read_responses(reader, 1)
+            await _get(reader, writer, b"/warm")
             batch = (
                 b"GET /a HTTP/1.1\r\nHost: web\r\n\r\n"
                 b"POST /b HTTP/1.1\r\nHost: web\r\nContent-Length: 5\r\n\r\nhello"
@@ -257,15 +265,13 @@ def test_pooled_connection_closed_while_idle_is_replaced_without_the_client_noti
     async def body() -> None:
         async with _world(_ok) as (up, proxy):
             reader, writer = await asyncio.open_connection(HOST, proxy.port)
-            writer.write(b"GET /one HTTP/1.1\r\nHost: web\r\n\r\n")
-            await _read_responses(reader, 1)
+            await _get(reader, writer, b"/one")
             # The server closes the idle connection; the proxy has not noticed yet when the next
             # request comes (no loop turn between).
             first = up.conns[0]
             assert first.tr is not None
             first.tr.abort()
-            writer.write(b"GET /two HTTP/1.1\r\nHost: web\r\n\r\n")
-            [(status, _, body)] = await _read_responses(reader, 1)
+            (status, _, body) = await _get(reader, writer, b"/two")
             assert (status, body) == (200, b"/two")
             assert len(up.conns) == 2
             writer.close()
@@ -279,8 +285,7 @@ def test_dead_pooled_connection_found_on_send_hands_the_request_to_the_coroutine
         answers = iter([_ok(b"first"), None, _ok(b"again")])
         async with _world(lambda _path: next(answers)) as (up, proxy):
             reader, writer = await asyncio.open_connection(HOST, proxy.port)
-            writer.write(b"GET /one HTTP/1.1\r\nHost: web\r\n\r\n")
-            await _read_responses(reader, 1)
+            await _get(reader, writer, b"/one")
             # The pooled connection is taken by the callbacks, and the server closes it without
             # answering: the request is sent again on a fresh connection.
             writer.write(b"POST /two HTTP/1.1\r\nHost: web\r\nContent-Length: 3\r\n\r\nxyz")
@@ -299,14 +304,11 @@ def test_garbage_response_is_answered_502_and_the_client_connection_stays_usable
         answers = iter([_ok(b"x"), b"NOT HTTP AT ALL\r\n\r\n", _ok(b"fine")])
         async with _world(lambda _path: next(answers)) as (_up, proxy):
             reader, writer = await asyncio.open_connection(HOST, proxy.port)
-            writer.write(b"GET /1 HTTP/1.1\r\nHost: web\r\n\r\n")
-            await _read_responses(reader, 1)
-            writer.write(b"GET /2 HTTP/1.1\r\nHost: web\r\n\r\n")
-            [(status, head, _)] = await _read_responses(reader, 1)
+            await _get(reader, writer, b"/1")
+            (status, head, _) = await _get(reader, writer, b"/2")
             assert status == 502
             assert b"l5d-proxy-error" in head
-            writer.write(b"GET /3 HTTP/1.1\r\nHost: web\r\n\r\n")
-            [(status, _, body)] = await _read_responses(reader, 1)
+            (status, _, body) = await _get(reader, writer, b"/3")
             assert (status, body) == (200, b"fine")
             assert proxy.conns[0].callback_requests == 1  # /2; /3 found the pool empty
             writer.close()
@@ -321,8 +323,7 @@ def test_upstream_dying_mid_body_aborts_the_client_and_nothing_else(run: Run) ->
         answers = iter([_ok(b"x"), truncated])
         async with _world(lambda _path: next(answers)) as (up, proxy):
             reader, writer = await asyncio.open_connection(HOST, proxy.port)
-            writer.write(b"GET /1 HTTP/1.1\r\nHost: web\r\n\r\n")
-            await _read_responses(reader, 1)
+            await _get(reader, writer, b"/1")
             writer.write(b"GET /2 HTTP/1.1\r\nHost: web\r\n\r\n")
             await asyncio.sleep(0.05)
             up.conns[0].tr.close()  # type: ignore[union-attr]
@@ -342,10 +343,8 @@ def test_upstream_close_is_hop_by_hop_and_a_client_close_ends_the_connection(run
     async def body() -> None:
         async with _world(lambda path: _ok(path, b"Connection: close\r\n")) as (_up, proxy):
             reader, writer = await asyncio.open_connection(HOST, proxy.port)
-            writer.write(b"GET /1 HTTP/1.1\r\nHost: web\r\n\r\n")
-            await _read_responses(reader, 1)
-            writer.write(b"GET /2 HTTP/1.1\r\nHost: web\r\n\r\n")
-            [(status, head, _)] = await _read_responses(reader, 1)
+            await _get(reader, writer, b"/1")
+            (status, head, _) = await _get(reader, writer, b"/2")
             assert status == 200
             # The client keeps alive unless it asks not to: the upstream close is hop-by-hop.
             assert b"connection: close" not in head.lower()
@@ -363,8 +362,7 @@ def test_half_closed_client_still_gets_its_answers(run: Run) -> None:
     async def body() -> None:
         async with _world(_ok) as (_up, proxy):
             reader, writer = await asyncio.open_connection(HOST, proxy.port)
-            writer.write(b"GET /warm HTTP/1.1\r\nHost: web\r\n\r\n")
-            await _read_responses(reader, 1)
+            await _get(reader, writer, b"/warm")
             writer.write(
                 b"GET /a HTTP/1.1\r\nHost: web\r\n\r\nGET /b HTTP/1.1\r\nHost: web\r\n\r\n"
             )
@@ -381,8 +379,7 @@ def test_client_leaving_mid_exchange_aborts_its_upstream_and_ends_cleanly(run: R
     async def body() -> None:
         async with _world(lambda path: _ok(path) if path != b"/slow" else b"") as (up, proxy):
             reader, writer = await asyncio.open_connection(HOST, proxy.port)
-            writer.write(b"GET /warm HTTP/1.1\r\nHost: web\r\n\r\n")
-            await _read_responses(reader, 1)
+            await _get(reader, writer, b"/warm")
             writer.write(b"GET /slow HTTP/1.1\r\nHost: web\r\n\r\n")
             await asyncio.sleep(0.05)
             assert proxy.conns[0].fast is not None  # out, served by the callbacks
@@ -405,8 +402,7 @@ def test_large_response_to_a_slow_reader_arrives_whole(run: Run) -> None:
         big = bytes(range(256)) * 8192  # 2 MiB
         async with _world(lambda path: _ok(big) if path == b"/big" else _ok(path)) as (_up, proxy):
             reader, writer = await asyncio.open_connection(HOST, proxy.port, limit=1 << 16)
-            writer.write(b"GET /warm HTTP/1.1\r\nHost: web\r\n\r\n")
-            await _read_responses(reader, 1)
+            await _get(reader, writer, b"/warm")
             writer.write(b"GET /big HTTP/1.1\r\nHost: web\r\n\r\n")
             await asyncio.sleep(0.2)  # let buffers fill: the proxy must pause the upstream
             [(status, _, body)] = await _read_responses(reader, 1)
