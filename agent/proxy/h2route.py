@@ -23,38 +23,21 @@ import asyncio
 import ipaddress
 from typing import TYPE_CHECKING, Any
 
-from agent.policy.authorize import Facts, authorize
-from agent.policy.model import ServerPolicy
 from agent.proxy import h2msg, http2, inbound, outbound
 from agent.proxy.h2msg import Answer, H2Headers
 from agent.proxy.plane import plane_of
 from agent.proxy.profile import match_route
 from agent.proxy.record import recorder
 from agent.proxy.state import DST, POLICY, Destination, PodInfo
-from agent.proxy.upstream import UpstreamError, open_transport
+from agent.proxy.upstream import UpstreamError, transport_opener
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Hashable
+    from collections.abc import Hashable
 
+    from agent.policy.authorize import Facts
     from agent.proxy.worker import Conn, Worker
 
 DST_OVERRIDE = b"l5d-dst-override"
-
-
-def _opener(
-    worker: Worker,
-    *,
-    netns: str,
-    addr: tuple[str, int],
-    ssl_ctx: Any = None,
-    identity: str | None = None,
-) -> http2.Opener:
-    async def opener(factory: Callable[[], asyncio.Protocol]) -> tuple[asyncio.Transport, Any]:
-        return await open_transport(
-            worker, factory, netns=netns, addr=addr, ssl_ctx=ssl_ctx, expect_identity=identity
-        )
-
-    return opener
 
 
 def authorize_stream(  # noqa: PLR0913 - the facts of one stream
@@ -69,37 +52,25 @@ def authorize_stream(  # noqa: PLR0913 - the facts of one stream
     labels: dict[str, str],
 ) -> Answer | None:
     """Authorize one stream with the current policy: None if allowed, else the answer."""
-    policy = worker.state.get(policy_key)
-    if not isinstance(policy, ServerPolicy):
-        policy = inbound.default_policy(worker) if policy is None else ServerPolicy.invalid()
     method, path = h2msg.method_path(headers)
-    facts = Facts(
-        client_ip=client_ip,
-        client_identity=identity,
-        tls=tls,
-        dst_port=port,
+    _, decision, merged = inbound.decide(
+        worker,
+        policy_key,
         method=method,
         path=path,
+        client_ip=client_ip,
+        identity=identity,
+        tls=tls,
+        port=port,
+        labels=labels,
     )
-    decision = authorize(policy, facts)
-    recorder().authz({**labels, **decision.labels()}, allowed=decision.allowed, http=True)
+    recorder().authz(merged, allowed=decision.allowed, http=True)
     if decision.allowed:
         return None
-    message = f"unauthorized request on server {decision.server.name}: {decision.reason.value}"
+    message = inbound.deny_message(decision)
     if h2msg.is_grpc(headers):
         return Answer(status=200, message=message, grpc=h2msg.GRPC_PERMISSION_DENIED)
     return Answer(status=decision.http_status, message=message)
-
-
-def _inbound_labels(pod: PodInfo, port: int, identity: str | None, *, tls: bool) -> dict[str, str]:
-    return {
-        "direction": "inbound",
-        "namespace": pod.namespace,
-        "pod": pod.name,
-        "target_port": str(port),
-        "tls": "true" if tls else "no_identity",
-        "client_id": identity or "",
-    }
 
 
 class OutboundStreams:
@@ -168,13 +139,7 @@ class OutboundStreams:
             send = h2msg.with_client_id(headers, self.src.identity if self.src else None)
         return http2.Routed(
             key=("h2", *hop.key),
-            open=_opener(
-                self.worker,
-                netns=hop.netns,
-                addr=hop.addr,
-                ssl_ctx=hop.ssl_ctx,
-                identity=hop.identity,
-            ),
+            open=outbound.hop_opener(self.worker, hop),
             headers=send,
             handle=handle,
             route=route,
@@ -209,10 +174,10 @@ class InboundStreams:
         self.port = port
         self.facts = facts
         self.policy_key = (POLICY, pod.key, port)
-        self.labels = _inbound_labels(pod, port, facts.client_identity, tls=facts.tls)
+        self.labels = inbound.labels_for(pod, port, facts.client_identity, tls=facts.tls)
         addr = inbound.app_addr(pod, port)
         self.key = ("h2app", pod.netns, addr)
-        self.open = _opener(worker, netns=pod.netns, addr=addr)
+        self.open = transport_opener(worker, netns=pod.netns, addr=addr)
 
     async def route(self, headers: H2Headers) -> http2.Routed | Answer:
         facts = self.facts

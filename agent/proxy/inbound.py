@@ -50,7 +50,7 @@ from agent.proxy.plane import Guard, Plane, plane_of, read_prefix
 from agent.proxy.record import recorder
 from agent.proxy.state import NODE, POD, POLICY, TLS, NodeInfo, PodInfo
 from agent.proxy.tlsio import TlsHandshakeError, TlsTransport
-from agent.proxy.upstream import UpstreamError, open_transport, start_relay
+from agent.proxy.upstream import UpstreamError, start_relay, transport_opener
 
 if TYPE_CHECKING:
     import asyncio
@@ -122,7 +122,8 @@ async def current_policy(worker: Worker, key: Hashable) -> ServerPolicy:
     return value if isinstance(value, ServerPolicy) else ServerPolicy.invalid()
 
 
-def _labels(pod: PodInfo, port: int, identity: str | None, *, tls: bool) -> dict[str, str]:
+def labels_for(pod: PodInfo, port: int, identity: str | None, *, tls: bool) -> dict[str, str]:
+    """The inbound metric labels of a connection to `pod`'s `port` (HTTP/1, HTTP/2, TCP)."""
     return {
         "direction": DIRECTION,
         "namespace": pod.namespace,
@@ -148,9 +149,43 @@ def path_of(target: bytes) -> str:
     return text.partition("?")[0]
 
 
+def deny_message(decision: Decision) -> str:
+    """The `l5d-proxy-error` text of a denied request or stream."""
+    return f"unauthorized request on server {decision.server.name}: {decision.reason.value}"
+
+
+def decide(  # noqa: PLR0913 - the facts of one request
+    worker: Worker,
+    policy_key: Hashable,
+    *,
+    method: str,
+    path: str,
+    client_ip: IPAddress,
+    identity: str | None,
+    tls: bool,
+    port: int,
+    labels: dict[str, str],
+) -> tuple[ServerPolicy, Decision, dict[str, str]]:
+    """The current policy (default or fail-closed when absent or invalid), its decision for
+    one HTTP request or stream, and the metric labels merged with the decision's."""
+    policy = worker.state.get(policy_key)
+    if not isinstance(policy, ServerPolicy):
+        policy = default_policy(worker) if policy is None else ServerPolicy.invalid()
+    facts = Facts(
+        client_ip=client_ip,
+        client_identity=identity,
+        tls=tls,
+        dst_port=port,
+        method=method,
+        path=path,
+    )
+    decision = authorize(policy, facts)
+    return policy, decision, {**labels, **decision.labels()}
+
+
 def deny_answer(decision: Decision, headers: http1.Headers) -> httpproxy.Reject:
     """403 (404 for no route) with `l5d-proxy-error`, or gRPC PERMISSION_DENIED."""
-    message = f"unauthorized request on server {decision.server.name}: {decision.reason.value}"
+    message = deny_message(decision)
     if _is_grpc(headers):
         return httpproxy.reject(200, message, grpc=http1.GRPC_PERMISSION_DENIED)
     return httpproxy.reject(decision.http_status, message)
@@ -210,27 +245,26 @@ def authorize_request(  # noqa: PLR0913 - the facts of one request
             decision = last[3][1]
             recorder().authz(last[3][2], allowed=decision.allowed, http=True)
             return None if decision.allowed else deny_answer(decision, head.headers)
-    policy = worker.state.get(policy_key)
-    if not isinstance(policy, ServerPolicy):
-        policy = default_policy(worker) if policy is None else ServerPolicy.invalid()
     ckey = (policy_key, head.method, head.target)
     if cache is not None:
-        hit = cache.get(ckey, policy)
+        policy = worker.state.get(policy_key)
+        hit = cache.get(ckey, policy) if isinstance(policy, ServerPolicy) else None
         if hit is not None:
             cache.last = (head, policy_key, gen, hit)
             decision = hit[1]
             recorder().authz(hit[2], allowed=decision.allowed, http=True)
             return None if decision.allowed else deny_answer(decision, head.headers)
-    facts = Facts(
-        client_ip=client_ip,
-        client_identity=identity,
-        tls=tls,
-        dst_port=port,
+    policy, decision, merged = decide(
+        worker,
+        policy_key,
         method=head.method.decode("latin-1"),
         path=path_of(head.target),
+        client_ip=client_ip,
+        identity=identity,
+        tls=tls,
+        port=port,
+        labels=labels,
     )
-    decision = authorize(policy, facts)
-    merged = {**labels, **decision.labels()}
     if cache is not None:
         entry = (policy, decision, merged)
         cache.put(ckey, entry)
@@ -249,9 +283,7 @@ def app_addr(pod: PodInfo, port: int) -> tuple[str, int]:
 def app_target(worker: Worker, pod: PodInfo, port: int, identity: str | None) -> httpproxy.Target:
     """The pooled upstream to B's app (`app_addr`, original port, from B's netns)."""
     addr = app_addr(pod, port)
-
-    async def opener(factory: Any) -> tuple[asyncio.Transport, Any]:
-        return await open_transport(worker, factory, netns=pod.netns, addr=addr)
+    opener = transport_opener(worker, netns=pod.netns, addr=addr)
 
     def rewrite(headers: http1.Headers) -> http1.Headers:
         return http1.set_client_id(headers, identity)
@@ -281,7 +313,7 @@ class InboundRouter:
         self.identity = identity
         self.tls = tls
         self.policy_key = (POLICY, pod.key, port)
-        self.labels = _labels(pod, port, identity, tls=tls)
+        self.labels = labels_for(pod, port, identity, tls=tls)
         self.target = app_target(worker, pod, port, identity)
         self.target.labels = self.labels
         self.authz_cache = AuthzCache()
@@ -327,7 +359,7 @@ async def relay_to_app(  # noqa: PLR0913 - the facts of one connection
     held = tcp.hold(transport, prefix, eof=eof)  # the policy wait must not lose bytes
     policy = await current_policy(worker, key)
     prefix, eof = bytes(held.prefix), held.eof
-    labels = _labels(pod, port, facts.client_identity, tls=facts.tls)
+    labels = labels_for(pod, port, facts.client_identity, tls=facts.tls)
     decision = authorize(policy, facts)
     recorder().authz({**labels, **decision.labels()}, allowed=decision.allowed, http=False)
     if not decision.allowed:

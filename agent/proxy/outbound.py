@@ -44,7 +44,7 @@ from agent.proxy.plane import DstEntry, plane_of, read_prefix
 from agent.proxy.profile import match_route
 from agent.proxy.record import recorder
 from agent.proxy.state import DST, POD, POD_IP, POLICY, TLS, Destination, PodInfo
-from agent.proxy.upstream import UpstreamError, open_transport, start_relay
+from agent.proxy.upstream import TransportOpener, UpstreamError, start_relay, transport_opener
 
 if TYPE_CHECKING:
     import ssl
@@ -297,7 +297,7 @@ class OutboundRouter:
             peer=peer,
             material=material,
             hop=hop,
-            open=_opener(self.worker, hop),
+            open=hop_opener(self.worker, hop),
             rewrite=rewrite,
             labels={**labels, "dst_addr": f"{ep.addr[0]}:{ep.addr[1]}", "hop": hop.kind},
         )
@@ -382,18 +382,11 @@ def _client_id(identity: str | None) -> Any:
     return rewrite
 
 
-def _opener(worker: Worker, hop: _Hop) -> httpproxy.Opener:
-    async def opener(factory: Any) -> tuple[asyncio.Transport, Any]:
-        return await open_transport(
-            worker,
-            factory,
-            netns=hop.netns,
-            addr=hop.addr,
-            ssl_ctx=hop.ssl_ctx,
-            expect_identity=hop.identity,
-        )
-
-    return opener
+def hop_opener(worker: Worker, hop: _Hop) -> TransportOpener:
+    """How to open a connection over `hop` (a pool calls it with its protocol factory)."""
+    return transport_opener(
+        worker, netns=hop.netns, addr=hop.addr, ssl_ctx=hop.ssl_ctx, identity=hop.identity
+    )
 
 
 # --- the handler -------------------------------------------------------------------------

@@ -165,6 +165,31 @@ async def open_transport(  # noqa: PLR0913 - keyword-only connection facts
     return tr, proto
 
 
+TransportOpener = Callable[
+    [Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, asyncio.Protocol]]
+]
+
+
+def transport_opener(
+    worker: Worker,
+    *,
+    netns: str,
+    addr: tuple[str, int],
+    ssl_ctx: ssl.SSLContext | None = None,
+    identity: str | None = None,
+) -> TransportOpener:
+    """`open_transport` with these facts, for a pool to call with its protocol factory."""
+
+    async def opener(
+        factory: Callable[[], asyncio.Protocol],
+    ) -> tuple[asyncio.Transport, asyncio.Protocol]:
+        return await open_transport(
+            worker, factory, netns=netns, addr=addr, ssl_ctx=ssl_ctx, expect_identity=identity
+        )
+
+    return opener
+
+
 # --- keep-alive pool ----------------------------------------------------------
 
 
