@@ -53,9 +53,8 @@ def authorize_stream(  # noqa: PLR0913 - the facts of one stream
 ) -> Answer | None:
     """Authorize one stream with the current policy: None if allowed, else the answer."""
     method, path = h2msg.method_path(headers)
-    _, decision, merged = inbound.decide(
-        worker,
-        policy_key,
+    decision, merged = inbound.decide(
+        inbound.policy_from(worker, worker.state.get(policy_key)),
         method=method,
         path=path,
         client_ip=client_ip,

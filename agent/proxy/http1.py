@@ -585,8 +585,7 @@ class _Pending:
     is_head: bool  # the response has no body whatever its framing says
 
 
-_PENDING: dict[tuple[bytes, bool], _Pending] = {}  # shared: they are immutable
-_PENDING_PLAIN: dict[bytes, _Pending] = {}  # the same, for requests that ask no upgrade
+_PENDING: dict[bytes, _Pending] = {}  # by method, for requests asking no upgrade (immutable)
 
 
 class ResponseParser(_Parser):
@@ -601,20 +600,13 @@ class ResponseParser(_Parser):
 
     def expect(self, method: bytes, *, upgrade: bool = False) -> None:
         """A request was sent; its response comes after those already expected."""
-        if not upgrade:
-            pend = _PENDING_PLAIN.get(method)
-            if pend is not None:
-                self._pending.append(pend)
-                return
-        pend = _PENDING.get((method, upgrade))
+        pend = None if upgrade else _PENDING.get(method)
         if pend is None:
             pend = _Pending(
                 method, upgrade, not upgrade and method != b"CONNECT", method == b"HEAD"
             )
-            if len(_PENDING) < _CACHE_ENTRIES_MAX:
-                _PENDING[method, upgrade] = pend
-                if not upgrade:
-                    _PENDING_PLAIN[method] = pend
+            if not upgrade and len(_PENDING) < _CACHE_ENTRIES_MAX:
+                _PENDING[method] = pend
         self._pending.append(pend)
 
     def feed(self, data: bytes) -> list[Event]:

@@ -110,6 +110,13 @@ def default_policy(worker: Worker) -> ServerPolicy:
         return ServerPolicy.invalid()
 
 
+def policy_from(worker: Worker, value: object) -> ServerPolicy:
+    """A state value as the policy to apply: none yet: the default; not a policy: fail closed."""
+    if isinstance(value, ServerPolicy):
+        return value
+    return default_policy(worker) if value is None else ServerPolicy.invalid()
+
+
 async def current_policy(worker: Worker, key: Hashable) -> ServerPolicy:
     """The policy at `key`, waiting `POLICY_WAIT_S` for a first answer, else the default."""
     value = worker.state.get(key)
@@ -119,7 +126,7 @@ async def current_policy(worker: Worker, key: Hashable) -> ServerPolicy:
         except TimeoutError:
             logger.info("no policy yet, using the default", extra={"policy": str(key)})
             return default_policy(worker)
-    return value if isinstance(value, ServerPolicy) else ServerPolicy.invalid()
+    return policy_from(worker, value)
 
 
 def labels_for(pod: PodInfo, port: int, identity: str | None, *, tls: bool) -> dict[str, str]:
@@ -155,8 +162,7 @@ def deny_message(decision: Decision) -> str:
 
 
 def decide(  # noqa: PLR0913 - the facts of one request
-    worker: Worker,
-    policy_key: Hashable,
+    policy: ServerPolicy,
     *,
     method: str,
     path: str,
@@ -165,12 +171,9 @@ def decide(  # noqa: PLR0913 - the facts of one request
     tls: bool,
     port: int,
     labels: dict[str, str],
-) -> tuple[ServerPolicy, Decision, dict[str, str]]:
-    """The current policy (default or fail-closed when absent or invalid), its decision for
-    one HTTP request or stream, and the metric labels merged with the decision's."""
-    policy = worker.state.get(policy_key)
-    if not isinstance(policy, ServerPolicy):
-        policy = default_policy(worker) if policy is None else ServerPolicy.invalid()
+) -> tuple[Decision, dict[str, str]]:
+    """`policy`'s decision for one HTTP request or stream (`policy_from` resolves the policy),
+    and the metric labels merged with the decision's."""
     facts = Facts(
         client_ip=client_ip,
         client_identity=identity,
@@ -180,7 +183,7 @@ def decide(  # noqa: PLR0913 - the facts of one request
         path=path,
     )
     decision = authorize(policy, facts)
-    return policy, decision, {**labels, **decision.labels()}
+    return decision, {**labels, **decision.labels()}
 
 
 def deny_answer(decision: Decision, headers: http1.Headers) -> httpproxy.Reject:
@@ -245,18 +248,17 @@ def authorize_request(  # noqa: PLR0913 - the facts of one request
             decision = last[3][1]
             recorder().authz(last[3][2], allowed=decision.allowed, http=True)
             return None if decision.allowed else deny_answer(decision, head.headers)
+    policy = policy_from(worker, worker.state.get(policy_key))
     ckey = (policy_key, head.method, head.target)
     if cache is not None:
-        policy = worker.state.get(policy_key)
-        hit = cache.get(ckey, policy) if isinstance(policy, ServerPolicy) else None
+        hit = cache.get(ckey, policy)
         if hit is not None:
             cache.last = (head, policy_key, gen, hit)
             decision = hit[1]
             recorder().authz(hit[2], allowed=decision.allowed, http=True)
             return None if decision.allowed else deny_answer(decision, head.headers)
-    policy, decision, merged = decide(
-        worker,
-        policy_key,
+    decision, merged = decide(
+        policy,
         method=head.method.decode("latin-1"),
         path=path_of(head.target),
         client_ip=client_ip,
