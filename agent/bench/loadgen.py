@@ -137,18 +137,31 @@ async def _rate_conn(  # noqa: PLR0913, PLR0917 - one connection's share of the 
             break
         if due - now > EARLY_S * 1e9:
             await asyncio.sleep((due - now) / 1e9 - EARLY_S)
-        try:
-            if client is None or client.closed.done():
-                client = await _connect(host, port)
-            sent = time.perf_counter_ns()
-            done = await client.ask(req)
-            run.done(due, sent, done, client.status)
-        except (OSError, TimeoutError, httptools.HttpParserError):
-            run.errors += 1
-            if client is not None and client.transport is not None:
-                client.transport.abort()
-            client = None
+        client = await _exchange(run, client, host, port, req, due_ns=due)
         due += step_ns
+    _close(client)
+
+
+async def _exchange(  # noqa: PLR0913 - one request's facts
+    run: Run, client: _Client | None, host: str, port: int, req: bytes, *, due_ns: int | None
+) -> _Client | None:
+    """One request on `client` (connected first if needed), recorded in `run` as due at
+    `due_ns` (None: when sent); the client to use next, None after a failure."""
+    try:
+        if client is None or client.closed.done():
+            client = await _connect(host, port)
+        sent = time.perf_counter_ns()
+        done = await client.ask(req)
+        run.done(sent if due_ns is None else due_ns, sent, done, client.status)
+    except (OSError, TimeoutError, httptools.HttpParserError):
+        run.errors += 1
+        if client is not None and client.transport is not None:
+            client.transport.abort()
+        return None
+    return client
+
+
+def _close(client: _Client | None) -> None:
     if client is not None and client.transport is not None:
         client.transport.close()
 
@@ -211,20 +224,10 @@ async def run_conn(
 async def _rr_conn(run: Run, host: str, port: int, req: bytes, end_ns: int) -> None:
     client: _Client | None = None
     while time.perf_counter_ns() < end_ns:
-        try:
-            if client is None or client.closed.done():
-                client = await _connect(host, port)
-            sent = time.perf_counter_ns()
-            done = await client.ask(req)
-            run.done(sent, sent, done, client.status)
-        except (OSError, TimeoutError, httptools.HttpParserError):
-            run.errors += 1
-            if client is not None and client.transport is not None:
-                client.transport.abort()
-            client = None
+        client = await _exchange(run, client, host, port, req, due_ns=None)
+        if client is None:
             await asyncio.sleep(0.01)
-    if client is not None and client.transport is not None:
-        client.transport.close()
+    _close(client)
 
 
 async def run_rr(
