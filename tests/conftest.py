@@ -7,9 +7,17 @@ root, so a skip there would hide a broken test.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from agent.netlab import Lab
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -23,21 +31,33 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # --- pod lab (agent.netlab) ----------------------------------------------------
 
 
-@pytest.fixture
-def lab():
-    """A fresh `agent.netlab.Lab` (unique prefix), always closed after the test.
+@contextlib.contextmanager
+def _fresh_lab(prefix: str) -> Iterator[Lab]:
+    """A new `agent.netlab.Lab` with a unique prefix, closed afterwards, also on failure.
 
     Labs left by crashed runs (owner process gone) are cleaned first.
     """
-    import secrets  # noqa: PLC0415
-
     from agent.netlab import Lab  # noqa: PLC0415
 
     if os.geteuid() != 0:
         pytest.skip("the pod lab needs root")
     Lab.cleanup_stale()
-    lb = Lab("t" + secrets.token_hex(3))
+    lb = Lab(prefix + secrets.token_hex(3))
     try:
         yield lb
     finally:
         lb.close()
+
+
+@pytest.fixture
+def lab() -> Iterator[Lab]:
+    """A fresh lab for one test."""
+    with _fresh_lab("t") as lb:
+        yield lb
+
+
+@pytest.fixture(scope="module")
+def module_lab() -> Iterator[Lab]:
+    """A fresh lab shared by one module's tests (for worlds built once per module)."""
+    with _fresh_lab("m") as lb:
+        yield lb

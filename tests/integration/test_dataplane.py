@@ -29,7 +29,6 @@ from agent.identity import ca
 from agent.identity.csr import check_csr, make_csr, new_key
 from agent.identity.names import Identity
 from agent.identity.tls import SealedKey, chain_pem, client_context, seal
-from agent.netlab import Lab
 from agent.policy.model import (
     Authorization,
     MeshTLS,
@@ -290,26 +289,13 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def lab():
-    import os  # noqa: PLC0415
-
-    if os.geteuid() != 0:
-        pytest.skip("the pod lab needs root")
-    Lab.cleanup_stale()
-    lb = Lab("d" + secrets.token_hex(3))
-    try:
-        yield lb
-    finally:
-        lb.close()
-
-
-@pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     return Pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def world(lab, pki):
+async def world(module_lab, pki):
+    lab = module_lab
     n1, n2 = lab.node("n1", isolated=True), lab.node("n2", isolated=True)
     lab.link(n1, n2)
     pods = {

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import subprocess
 import sys
 import time
@@ -21,7 +20,6 @@ import time
 import pytest
 import pytest_asyncio
 
-from agent.netlab import Lab
 from agent.proxy.listener import ListenerKind, open_pod_listeners
 from agent.proxy.model import Endpoint, PathRegex, Profile, Route
 from agent.proxy.pool import WorkerOptions, WorkerPool
@@ -149,20 +147,6 @@ def _dst(vip: str, pod, ports=PORTS, *, ident=WEB, profile=None) -> Destination:
 
 
 @pytest.fixture(scope="module")
-def lab():
-    import os  # noqa: PLC0415
-
-    if os.geteuid() != 0:
-        pytest.skip("the pod lab needs root")
-    Lab.cleanup_stale()
-    lb = Lab("h" + secrets.token_hex(3))
-    try:
-        yield lb
-    finally:
-        lb.close()
-
-
-@pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     return Pki(tmp_path_factory.mktemp("pki"))
 
@@ -180,7 +164,8 @@ def _start_server(pod, name: str) -> subprocess.Popen:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def world(lab, pki):
+async def world(module_lab, pki):
+    lab = module_lab
     n1, n2 = lab.node("n1", isolated=True), lab.node("n2", isolated=True)
     lab.link(n1, n2)
     pods = {"a": lab.pod(n1, "a"), "b": lab.pod(n1, "b"), "g1": lab.pod(n1, "g1")}
