@@ -141,11 +141,31 @@ class Observer:
     def response(
         self, direction: str, labels: Labels, *, status: int, latency_s: float, failure: bool
     ) -> None:
+        self._answered(direction, labels, status, latency_s, failure, request=False)
+
+    def exchange(
+        self, direction: str, labels: Labels, *, status: int, latency_s: float, failure: bool
+    ) -> None:
+        self._answered(direction, labels, status, latency_s, failure, request=True)
+
+    def _answered(  # noqa: PLR0913 - the recorder call's facts
+        self,
+        direction: str,
+        labels: Labels,
+        status: int,
+        latency_s: float,
+        failure: bool,
+        *,
+        request: bool,
+    ) -> None:
+        """A response went back; `request`: count its request too (`exchange`)."""
         try:
             conn = record.CONN.get()
             latency_ms = latency_s * 1000.0
             success = not failure
             for series in self._conn_http(conn, direction, labels):
+                if request:
+                    series.requests.value += 1
                 series.response(status, latency_ms, success)
             taps = self.worker.state.get(_TAP_KEY)
             if taps:
@@ -158,7 +178,7 @@ class Observer:
                     latency_ms=latency_ms,
                 )
         except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
-            self._fail(exc, "response")
+            self._fail(exc, "exchange" if request else "response")
 
     def tcp_open(self, direction: str, labels: Labels) -> None:
         try:

@@ -201,6 +201,8 @@ def _applicable(target: Target, load: str) -> str | None:
     """Why `load` cannot run on `target`, or None."""
     if load == "tcp-throughput" and not target.iperf_port:
         return "not a TCP proxy (HTTP mode): see haproxy-tcp"
+    if load == "h2-saturate" and not target.h2:
+        return "HTTP/1.1 only"
     return None
 
 

@@ -22,6 +22,10 @@ Rules:
    `ACCEL_LATENCY_GOAL`; bulk is sane when the accelerated iperf3 run
    completed without error at `ACCEL_BULK_FLOOR` or more of the plain run's
    Gbit/s.
+5. The Python floor (`python-floor`, agent.bench.floor): its http1-saturate
+   rps and CPU per request over `haproxy-http`'s, and each same-node
+   meshagent setup's over the floor's, named like rule 2's ratios. They say
+   how much of the distance to HAProxy is Python's and how much the mesh's.
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ ACCEL_SETUP = "meshagent-ebpf-accel"
 ACCEL_PEER = "meshagent-ebpf"
 ACCEL_LATENCY_GOAL = 0.85  # ">= 15% below the plain path"
 ACCEL_BULK_FLOOR = 0.5  # "no bulk transfer failing": completes, at least half the plain rate
+FLOOR_SETUP = "python-floor"
+_FLOOR_METRICS = [  # (metric name, row key, load), rule 5
+    ("http1_saturate_rps", "rps", "http1-saturate"),
+    ("cpu_s_per_request", "cpu_s_per_req", "http1-saturate"),
+]
 Row = dict[str, Any]
 
 COLUMNS = [
@@ -111,6 +120,21 @@ def ratios(rows: Sequence[Row]) -> dict[str, float]:
             if value is not None:
                 out[f"{metric}:{setup}/{peer}@{load}"] = value
     out.update(_accel_ratios(rows))
+    out.update(_floor_ratios(rows, [m for m in meshed if not m.endswith("-xnode")]))
+    return out
+
+
+def _floor_ratios(rows: Sequence[Row], same_node: list[str]) -> dict[str, float]:
+    """Rule 5: the floor over HAProxy, each same-node meshagent setup over the floor."""
+    out: dict[str, float] = {}
+    for metric, key, load in _FLOOR_METRICS:
+        floor = _get(rows, FLOOR_SETUP, load, key)
+        pairs = [(FLOOR_SETUP, "haproxy-http", floor, _get(rows, "haproxy-http", load, key))]
+        pairs += [(s, FLOOR_SETUP, _get(rows, s, load, key), floor) for s in same_node]
+        for mine, peer, a, b in pairs:
+            value = _ratio(a, b)
+            if value is not None:
+                out[f"{metric}:{mine}/{peer}@{load}"] = value
     return out
 
 

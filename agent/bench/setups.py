@@ -9,6 +9,8 @@ Setups (each a context manager yielding a `Target`):
     haproxy-tcp, haproxy-http     HAProxy in the client pod's netns (the
                                   position of meshagent's outbound listener)
     haproxy-tls                   HAProxy in `cli` -> mTLS -> HAProxy in `srv2`
+    python-floor                  `agent.bench.floor` where HAProxy runs: the
+                                  least a Python relay does (HTTP loads only)
     meshagent-{iptables,ebpf}     `meshagent run` on `a` meshing `cli`, `srv`:
                                   outbound -> same-node inbound, no TLS
     meshagent-{mode}-xnode        `meshagent run` on `a` (cli) and on `b`
@@ -64,6 +66,7 @@ PROXY_IPERF_PORT = 15201
 TLS_HTTP_PORT = 18443  # HAProxy mTLS listeners in the server pod
 TLS_IPERF_PORT = 15443
 SERVER_NAME = "srv2.bench.local"
+FLOOR_WORKERS = 2  # as many processes as the node agent has workers
 ENV_ACCEL = "MESHAGENT_EBPF_ACCEL"  # agent.redirect.ebpf.ENV_ACCEL (bcc stays out of the bench)
 POD_SYSCTLS = {
     "net/ipv4/tcp_tw_reuse": "1",
@@ -95,6 +98,7 @@ class Target:
     roots: list[int] = field(default_factory=list)  # proxy PIDs; their children count too
     notes: str = ""
     http_aware: bool = True  # can it carry HTTP loads
+    h2: bool = True  # can it carry HTTP/2 (prior knowledge)
     agents: list[NodeAgent] = field(default_factory=list)  # meshagent setups: the node agents
     accel_maps: Path | None = None  # accelerated eBPF setups: the agent's pinned maps
 
@@ -401,6 +405,30 @@ def _haproxy_one_hop(mode: str) -> SetupFn:
 
 
 @contextlib.contextmanager
+def python_floor(topo: Topology) -> Iterator[Target]:
+    """The minimal Python relay (`agent.bench.floor`) where HAProxy runs: the Python floor."""
+    argv = [sys.executable, "-m", "agent.bench.floor", f"127.0.0.1:{PROXY_HTTP_PORT}"]
+    argv += [f"{topo.srv.ip}:{HTTP_PORT}", "--workers", str(FLOOR_WORKERS)]
+    proc = topo.cli.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+        yield Target(
+            setup="python-floor",
+            client=topo.cli,
+            host="127.0.0.1",
+            http_port=PROXY_HTTP_PORT,
+            iperf_port=0,
+            hops=1,
+            mtls=False,
+            roots=[proc.pid],
+            notes="minimal uvloop + httptools relay, 1:1 upstreams, no mesh work",
+            h2=False,
+        )
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
 def haproxy_tls(topo: Topology) -> Iterator[Target]:
     server_tls, client_tls = make_certs(topo.workdir)
     out = [
@@ -500,6 +528,7 @@ SETUPS: dict[str, SetupFn] = {
     "direct": direct,
     "haproxy-tcp": _haproxy_one_hop("tcp"),
     "haproxy-http": _haproxy_one_hop("http"),
+    "python-floor": python_floor,
     "meshagent-iptables": _meshagent("iptables", xnode=False),
     "meshagent-ebpf": _meshagent("ebpf", xnode=False),
     "meshagent-ebpf-accel": _meshagent("ebpf", xnode=False, accel=True),

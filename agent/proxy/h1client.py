@@ -13,6 +13,9 @@ Rules:
 2. EOF is kept (`eof`) and answered: the owner may still write.
 3. `push_front` puts a request's body and end back first, for a request the
    owner began in callbacks and hands to its coroutine.
+4. A bodiless request that arrives alone in one read, with nothing queued, is
+   offered to the owner at once (`take`), its end already queued; if the
+   owner declines it is queued in front of its end and reported as usual.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Protocol, cast
 
 from agent.proxy import http1
 from agent.proxy.h1upstream import HIGH_WATER, LOW_WATER
-from agent.proxy.http1 import BodyData, MessageEnd
+from agent.proxy.http1 import END, BodyData, MessageEnd
 
 MAX_QUEUED_EVENTS = 256
 
@@ -33,6 +36,10 @@ class Owner(Protocol):
 
     def arrived(self) -> None:
         """Client input (or its EOF) was queued."""
+        ...
+
+    def take(self, head: http1.RequestHead) -> bool:
+        """Begin `head`, a bodiless request whose end is queued, at once; False: not now."""
         ...
 
     def client_lost(self) -> None:
@@ -64,6 +71,15 @@ class ClientSide(asyncio.Protocol):
         tr.set_write_buffer_limits(HIGH_WATER, LOW_WATER)
 
     def data_received(self, data: bytes) -> None:
+        events = self.events
+        if not events:  # rule 4: one bodiless request alone goes straight to the owner
+            head = self.parser.whole(data)
+            if head is not None:
+                events.append(END)
+                if not self.conn.take(head):
+                    events.appendleft(head)
+                    self.conn.arrived()
+                return
         evs = self.parser.feed(data)
         for ev in evs:
             if type(ev) is BodyData:

@@ -150,9 +150,29 @@ class CallbackExchange:
         if events and self.conn.fast is self:
             self.conn.ctx.run(self._on_events, events)
 
+    def on_whole(self, head: ResponseHead, data: bytes) -> None:
+        if self.conn.fast is self:
+            self.conn.ctx.run(self._on_whole, head, data)
+
     def fail(self, err: UpstreamError) -> None:
         if self.conn.fast is self and not self.ended:
             self.conn.ctx.run(self._broken, err)
+
+    def _on_whole(self, resp: ResponseHead, data: bytes) -> None:
+        """A whole final response: forwarded as it came when its head needs no change."""
+        self.got_bytes = True
+        self.resp = resp
+        self.failure = classify(self.plan.route, resp.status)
+        parts, self.keep = self.conn.response_head(self.head, resp)
+        out = self.out
+        if parts[0] is resp.raw and not out:  # `response_head` kept the head as received
+            out.append(data)
+        else:
+            out += parts
+            end = len(resp.raw) + 4
+            if len(data) > end:
+                out.append(memoryview(data)[end:])
+        self._end()
 
     def _on_events(self, events: list[http1.Event]) -> None:
         self.got_bytes = True
@@ -216,11 +236,8 @@ class CallbackExchange:
             conn.pool.release(up)  # closes it when not reusable
         else:
             up.close()
-        rec = recorder()
-        direction = conn.router.direction
-        rec.request(direction, target.labels)
-        rec.response(
-            direction,
+        recorder().exchange(
+            conn.router.direction,
             target.labels,
             status=resp.status,
             latency_s=now - self.t0,

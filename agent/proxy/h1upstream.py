@@ -3,7 +3,8 @@
 `UpstreamConn` is the asyncio protocol of one keep-alive connection to an
 endpoint (or a pod's app); `ConnPool` (agent.proxy.upstream) keeps it between
 exchanges. While a request is out, the connection feeds the response events
-its parser yields to the current exchange (`Sink.on_events`); between
+its parser yields to the current exchange (`Sink.on_events`), or a whole
+response in one read as it came (`Sink.on_whole`); between
 exchanges any byte from the upstream makes it unusable.
 
 Two kinds of exchange use it (agent.proxy.httpproxy): `Exchange`, which
@@ -46,6 +47,10 @@ class Sink(Protocol):
         """Parsed response events, in order."""
         ...
 
+    def on_whole(self, head: ResponseHead, data: bytes) -> None:
+        """A whole response, `data`, with its parsed `head` (`ResponseParser.whole`)."""
+        ...
+
     def fail(self, err: UpstreamError) -> None:
         """The connection broke (EOF, loss) before the response ended."""
         ...
@@ -84,6 +89,9 @@ class Exchange:
     def on_events(self, events: list[http1.Event]) -> None:
         for ev in events:
             self.on_event(ev)
+
+    def on_whole(self, head: ResponseHead, data: bytes) -> None:
+        self.on_events(http1.whole_events(head, data))
 
     def on_event(self, ev: http1.Event) -> None:
         self.got_bytes = True
@@ -188,7 +196,12 @@ class UpstreamConn(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()
             return
-        exch.on_events(self.parser.feed(data))
+        parser = self.parser
+        head = parser.whole(data)
+        if head is not None:
+            exch.on_whole(head, data)
+        else:
+            exch.on_events(parser.feed(data))
 
     def eof_received(self) -> bool:
         self.eof = True

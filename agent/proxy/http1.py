@@ -123,7 +123,7 @@ class MessageEnd:
     trailers: Headers | None = None
 
 
-_END = MessageEnd()  # the one end event of the fast paths (events are never mutated)
+END = MessageEnd()  # the one shared end event of the fast paths (events are never mutated)
 
 
 @dataclass(slots=True)
@@ -476,25 +476,36 @@ class RequestParser(_Parser):
         super().__init__(decode_chunked=decode_chunked, max_head=max_head)
         self._switching = False  # the current request asks to upgrade or CONNECT
 
+    def whole(self, data: bytes) -> RequestHead | None:
+        """The head when `data` is exactly one bodiless request whose head was parsed before.
+
+        The parser moves past it. None otherwise, with nothing consumed: `feed` the data.
+        """
+        if self._state is not _S.HEAD or self._stash or type(data) is not bytes:
+            return None
+        idx = data.find(b"\r\n\r\n")
+        if idx <= 0 or idx > self.max_head or idx + 4 != len(data):
+            return None
+        hit = _REQUEST_HEADS.get(data[:idx])
+        if (
+            hit is None
+            or hit.framing is not Framing.NONE
+            or hit.upgrade is not None
+            or hit.method == b"CONNECT"
+        ):
+            return None
+        keep = hit.keep_alive
+        self._keep_alive = keep
+        self._switching = False
+        if not keep:
+            self._state = _S.CLOSED
+        return hit
+
     def feed(self, data: bytes) -> list[Event]:
         """Parse more input; returns the events it completes. Never raises."""
-        # Fast path: the input is exactly one bodiless request whose head was parsed before.
-        if self._state is _S.HEAD and not self._stash and type(data) is bytes:
-            idx = data.find(b"\r\n\r\n")
-            if 0 < idx <= self.max_head and idx + 4 == len(data):
-                hit = _REQUEST_HEADS.get(data[:idx])
-                if (
-                    hit is not None
-                    and hit.framing is Framing.NONE
-                    and hit.upgrade is None
-                    and hit.method != b"CONNECT"
-                ):
-                    keep = hit.keep_alive
-                    self._keep_alive = keep
-                    self._switching = False
-                    if not keep:
-                        self._state = _S.CLOSED
-                    return [hit, _END]
+        hit = self.whole(data)
+        if hit is not None:
+            return [hit, END]
         return super().feed(data)
 
     def upgrade_accepted(self) -> bytes:
@@ -609,31 +620,42 @@ class ResponseParser(_Parser):
                 _PENDING[method] = pend
         self._pending.append(pend)
 
+    def whole(self, data: bytes) -> ResponseHead | None:
+        """The head when `data` is exactly one whole final response whose head was seen before.
+
+        "Whole": without a body, or with all of its Content-Length body here, answering a
+        request that is neither CONNECT nor an upgrade. The parser moves past it; the body
+        is `data[len(head.raw) + 4:]`. None otherwise, with nothing consumed: `feed` it.
+        """
+        pending = self._pending
+        if self._state is not _S.HEAD or self._stash or not pending or type(data) is not bytes:
+            return None
+        request = pending[0]
+        idx = data.find(b"\r\n\r\n")
+        if idx <= 0 or idx > self.max_head or not request.plain:
+            return None
+        hit = _RESPONSE_HEADS[request.is_head].get(data[:idx])
+        if hit is None or hit.status < 200:
+            return None
+        rest = len(data) - idx - 4
+        framing = hit.framing
+        if not (
+            (framing is Framing.NONE and rest == 0)
+            or (framing is Framing.CONTENT_LENGTH and rest == hit.content_length)
+        ):
+            return None
+        pending.popleft()
+        keep = hit.keep_alive
+        self._keep_alive = keep
+        if not keep:
+            self._state = _S.CLOSED
+        return hit
+
     def feed(self, data: bytes) -> list[Event]:
         """Parse more input; returns the events it completes. Never raises."""
-        # Fast path: the input is exactly one final response (head seen before, body by
-        # length, all of it here) to a request that is not CONNECT or an upgrade.
-        pending = self._pending
-        if self._state is _S.HEAD and not self._stash and pending and type(data) is bytes:
-            request = pending[0]
-            idx = data.find(b"\r\n\r\n")
-            if idx > 0 and request.plain:
-                hit = _RESPONSE_HEADS[request.is_head].get(data[:idx])
-                end = idx + 4
-                if hit is not None and hit.status >= 200 and idx <= self.max_head:
-                    framing = hit.framing
-                    rest = len(data) - end
-                    if (framing is Framing.NONE and rest == 0) or (
-                        framing is Framing.CONTENT_LENGTH and rest == hit.content_length
-                    ):
-                        pending.popleft()
-                        keep = hit.keep_alive
-                        self._keep_alive = keep
-                        if not keep:
-                            self._state = _S.CLOSED
-                        if rest:
-                            return [hit, BodyData(memoryview(data)[end:]), _END]
-                        return [hit, _END]
+        hit = self.whole(data)
+        if hit is not None:
+            return whole_events(hit, data)
         return super().feed(data)
 
     def _on_head(self, data: bytes, pos: int, events: list[Event]) -> int:  # noqa: PLR0911 - one exit per outcome
@@ -710,6 +732,14 @@ class ResponseParser(_Parser):
             content_length=content_length,
             raw=block,
         )
+
+
+def whole_events(head: ResponseHead, data: bytes) -> list[Event]:
+    """The events of a whole response `data` that `ResponseParser.whole` returned `head` for."""
+    end = len(head.raw) + 4
+    if len(data) > end:
+        return [head, BodyData(memoryview(data)[end:]), END]
+    return [head, END]
 
 
 # --- header helpers -----------------------------------------------------------

@@ -241,33 +241,69 @@ class HttpConn:
             if plan is None:
                 break
             down.pop()  # from here on the request is ours
-            self.requests += 1
-            t0 = self.loop.time()
-            REQUEST.set(head)
-            if type(plan) is Reject:
-                self._drop(n)
-                self.callback_requests += 1
-                self.stop = not (self.answer(plan, t0, {}) and head.keep_alive)
-                continue
-            assert type(plan) is Plan  # noqa: S101 - narrowing for mypy
-            if plan.budget is not None or plan.timeout_s is not None:
-                self.handoff = Handoff(head, t0, plan)
+            if not self._start(head, plan, n):
                 break
-            target = plan.choose(1)
-            if type(target) is Reject:
-                self._drop(n)
-                self.callback_requests += 1
-                self.stop = not (self.answer(target, t0, plan.labels) and head.keep_alive)
-                continue
-            assert type(target) is Target  # noqa: S101 - narrowing for mypy
-            up = self.pool.take(target.key)
-            if up is None:
-                self.handoff = Handoff(head, t0, plan, target)
-                break
-            up = cast("UpstreamConn", up)
-            self._send_now(head=head, t0=t0, plan=plan, target=target, up=up, body=self._drop(n))
+        self._settle()
+
+    def take(self, head: RequestHead) -> bool:
+        """A bodiless request arrived alone, its end queued: begin it now if the callbacks may.
+
+        The client side's shortcut past the queue (rule 7); False leaves the head to the
+        caller to queue in front of its end and report as `arrived`.
+        """
+        if (
+            self.parked is None
+            or self.fast is not None
+            or self.handoff is not None
+            or self.stop
+            or self.down.lost
+            or head.expect_continue
+        ):
+            return False
+        return self.ctx.run(self._take, head)
+
+    def _take(self, head: RequestHead) -> bool:
+        plan = self.router.plan_now(head)
+        if plan is None:
+            return False
+        self._start(head, plan, 1)
+        self._settle()
+        return True
+
+    def _start(self, head: RequestHead, plan: Plan | Reject, n: int) -> bool:
+        """Begin `head` (its `n` further events queued) in callbacks; False: handed off."""
+        self.requests += 1
+        t0 = self.loop.time()
+        REQUEST.set(head)
+        if type(plan) is Reject:
+            self._drop(n)
+            self.callback_requests += 1
+            self.stop = not (self.answer(plan, t0, {}) and head.keep_alive)
+            return True
+        assert type(plan) is Plan  # noqa: S101 - narrowing for mypy
+        if plan.budget is not None or plan.timeout_s is not None:
+            self.handoff = Handoff(head, t0, plan)
+            return False
+        target = plan.choose(1)
+        if type(target) is Reject:
+            self._drop(n)
+            self.callback_requests += 1
+            self.stop = not (self.answer(target, t0, plan.labels) and head.keep_alive)
+            return True
+        assert type(target) is Target  # noqa: S101 - narrowing for mypy
+        up = self.pool.take(target.key)
+        if up is None:
+            self.handoff = Handoff(head, t0, plan, target)
+            return False
+        up = cast("UpstreamConn", up)
+        self._send_now(head=head, t0=t0, plan=plan, target=target, up=up, body=self._drop(n))
+        return True
+
+    def _settle(self) -> None:
+        """Wake the coroutine if the callbacks stopped with work or news for it."""
+        down = self.down
         if self.fast is None and (
-            self.handoff is not None or self.stop or events or down.lost or down.eof
+            self.handoff is not None or self.stop or down.events or down.lost or down.eof
         ):
             self._unpark()
 

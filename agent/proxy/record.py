@@ -1,10 +1,11 @@
 """Metrics hooks of the data path: a small recorder interface and a no-op default.
 
 Rules:
-1. The data path calls a `Recorder` at a few points (request, response, TCP
-   open/close, authorization); it never imports metrics code. The metrics
-   helper's `WorkerMetrics` plugs in by assigning `agent.proxy.record.RECORDER`
-   (read per connection, so a plugin may set it at import time).
+1. The data path calls a `Recorder` at a few points (request, response, or
+   both at once as `exchange`, TCP open/close, authorization); it never
+   imports metrics code. The metrics helper's `WorkerMetrics` plugs in by
+   assigning `agent.proxy.record.RECORDER` (read per connection, so a plugin
+   may set it at import time).
 2. Calls are cheap and never raise into the data path; labels are plain
    dicts of strings (Linkerd's label names: `direction`, `authority`,
    `dst_namespace`, `tls`, `client_id`, `srv_*`, `authz_*`, ...).
@@ -38,6 +39,11 @@ class Recorder(Protocol):
     ) -> None:
         """A response (or a proxy error response) was sent back to the client."""
 
+    def exchange(
+        self, direction: str, labels: Labels, *, status: int, latency_s: float, failure: bool
+    ) -> None:
+        """`request` and then `response` for one request, in one call (the fast path's)."""
+
     def tcp_open(self, direction: str, labels: Labels) -> None:
         """A connection was accepted (or an upstream opened)."""
 
@@ -62,6 +68,11 @@ class NoopRecorder:
         pass
 
     def response(
+        self, direction: str, labels: Labels, *, status: int, latency_s: float, failure: bool
+    ) -> None:
+        pass
+
+    def exchange(
         self, direction: str, labels: Labels, *, status: int, latency_s: float, failure: bool
     ) -> None:
         pass

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.privileged
 
-SETUPS = "direct,haproxy-http,meshagent-iptables,meshagent-ebpf,meshagent-ebpf-accel"
+SETUPS = "direct,haproxy-http,python-floor,meshagent-iptables,meshagent-ebpf,meshagent-ebpf-accel"
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,8 @@ def test_every_setup_measured_positive_rate_and_latency(doc):
 @pytest.mark.timeout(180)
 def test_ratios_and_node_memory_are_reported(doc):
     assert doc["ratios"]["http1_saturate_rps:meshagent-iptables/haproxy-http@http1-saturate"] > 0
+    assert doc["ratios"]["http1_saturate_rps:python-floor/haproxy-http@http1-saturate"] > 0
+    assert doc["ratios"]["http1_saturate_rps:meshagent-ebpf/python-floor@http1-saturate"] > 0
     mem = doc["memory"]["meshagent-iptables@1"]
     assert mem["rss_mb"] > 0
     assert mem["linkerd_sidecars_mb"] == [17.0, 26.0]

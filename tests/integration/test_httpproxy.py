@@ -427,6 +427,10 @@ class _Seen:
     def response(self, direction: str, labels: Any, **kw: Any) -> None:  # noqa: ARG002
         self.calls.append(("response", record.CONN.get(), kw["status"]))
 
+    def exchange(self, direction: str, labels: Any, **kw: Any) -> None:
+        self.request(direction, labels)
+        self.response(direction, labels, **kw)
+
     def tcp_open(self, *a: Any, **kw: Any) -> None: ...
     def tcp_close(self, *a: Any, **kw: Any) -> None: ...
     def authz(self, *a: Any, **kw: Any) -> None: ...
@@ -458,5 +462,30 @@ def test_recorder_sees_the_right_connection_and_request_from_callbacks(run: Run)
             assert conn == ("conn", k)
         responses = [c for c in seen.calls if c[0] == "response"]
         assert [s for _, _, s in responses] == [200] * 6
+
+    run(body)
+
+
+def test_a_whole_response_goes_out_byte_for_byte_unless_its_head_must_change(run: Run) -> None:
+    odd = b"HTTP/1.1 200 OK\r\nX-Odd:   spaced \r\nserver: Up\r\nContent-Length: 4\r\n\r\nbody"
+
+    async def read_exactly(reader: asyncio.StreamReader, n: int) -> bytes:
+        return await asyncio.wait_for(reader.readexactly(n), 5)
+
+    async def body() -> None:
+        async with _world(lambda _path: odd) as (_up, proxy):
+            reader, writer = await asyncio.open_connection(HOST, proxy.port)
+            for _ in range(4):  # the first one parses the head; then the whole-response path
+                writer.write(b"GET /x HTTP/1.1\r\nHost: web\r\n\r\n")
+                assert await read_exactly(reader, len(odd)) == odd
+            assert proxy.conns[0].callback_requests == 3
+            # An HTTP/1.0 client needs `connection: keep-alive` added: head rebuilt, body kept.
+            writer.write(b"GET /x HTTP/1.0\r\nHost: web\r\nConnection: keep-alive\r\n\r\n")
+            [(status, head, got)] = await _read_responses(reader, 1)
+            assert (status, got) == (200, b"body")
+            assert b"connection: keep-alive" in head.lower()
+            assert proxy.conns[0].callback_requests == 4
+            writer.close()
+            await writer.wait_closed()
 
     run(body)

@@ -73,6 +73,20 @@ def test_alternating_statuses_are_counted_apart(observer: Observer, conn: Any) -
     assert by_status == {"200": 3, "503": 2}
 
 
+def test_exchange_counts_what_request_and_response_count(observer: Observer, conn: Any) -> None:
+    labels = dict(LABELS)
+    observer.request("inbound", labels)
+    observer.response("inbound", labels, status=200, latency_s=0.002, failure=False)
+    observer.exchange("inbound", labels, status=200, latency_s=0.002, failure=False)
+    observer.exchange("inbound", labels, status=502, latency_s=0.004, failure=True)
+    assert list(_family(observer, "request_total").values()) == [3]
+    by_class = {
+        (dict(k)["status_code"], dict(k)["classification"]): v
+        for k, v in _family(observer, "response_total").items()
+    }
+    assert by_class == {("200", "success"): 2, ("502", "failure"): 1}
+
+
 def test_series_dropped_for_a_departed_pod_are_not_counted_into_from_the_cache(
     observer: Observer, conn: Any
 ) -> None:

@@ -59,6 +59,26 @@ def test_added_p99_ratio_is_left_out_when_the_peer_added_nothing_measurable():
     assert r["http1_saturate_rps:meshagent-ebpf/haproxy-http@http1-saturate"] == 0.75
 
 
+def test_the_python_floor_is_set_against_haproxy_and_same_node_meshagent_against_it():
+    sat = "http1-saturate"
+    rows = [
+        {"setup": "haproxy-http", "load": sat, "rps": 40000.0, "cpu_s_per_req": 2e-5},
+        {"setup": "python-floor", "load": sat, "rps": 36000.0, "cpu_s_per_req": 2.5e-5},
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 27000.0, "cpu_s_per_req": 4e-5},
+        {"setup": "meshagent-ebpf-xnode", "load": sat, "rps": 9000.0},
+    ]
+    r = report.ratios(rows)
+    assert r[f"http1_saturate_rps:python-floor/haproxy-http@{sat}"] == 0.9
+    assert r[f"cpu_s_per_request:python-floor/haproxy-http@{sat}"] == 1.25
+    assert r[f"http1_saturate_rps:meshagent-ebpf/python-floor@{sat}"] == 0.75
+    assert r[f"cpu_s_per_request:meshagent-ebpf/python-floor@{sat}"] == 1.6
+    assert not any("xnode/python-floor" in k for k in r)  # the floor is one hop, same node
+    assert report.ratios(rows[:1] + rows[2:3]).keys() == {  # no floor row: no floor ratios
+        f"http1_saturate_rps:meshagent-ebpf/haproxy-http@{sat}",
+        f"cpu_s_per_request:meshagent-ebpf/haproxy-http@{sat}",
+    }
+
+
 def test_memory_summary_sets_linkerd_sidecars_times_pods_and_the_goal_at_100():
     doc = report.document({}, _rows(), [])
     mem = doc["memory"]["meshagent-iptables@100"]

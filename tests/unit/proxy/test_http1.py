@@ -653,3 +653,58 @@ def test_request_head_keeps_its_bytes_as_received_also_when_cached():
         head = p.feed(block + b"\r\n")[0]
         assert isinstance(head, RequestHead)
         assert head.raw == block.removesuffix(b"\r\n")
+
+
+def test_request_whole_takes_only_a_lone_cached_bodiless_request() -> None:
+    post = b"POST /w HTTP/1.1\r\nHost: whole.test\r\nContent-Length: 2\r\n\r\nhi"
+    get = b"GET /whole HTTP/1.1\r\nHost: whole.test\r\n\r\n"
+    parser = RequestParser()
+    assert parser.whole(get) is None  # not seen before: nothing consumed
+    assert parser.state == "head"
+    first = parser.feed(get)[0]
+    assert parser.whole(get) is first  # the cached head; the parser moved past it
+    assert parser.state == "head"
+    assert parser.whole(get + get) is None  # more than one message
+    assert parser.whole(get[:-2]) is None  # not all of it
+    parser.feed(post)
+    assert parser.whole(post) is None  # a body
+    # What `whole` declined is still parsed in full by `feed`, in order.
+    events = parser.feed(get + get[:10])
+    assert [type(e) for e in events] == [RequestHead, MessageEnd]
+    assert parser.whole(get[10:]) is None  # the parser holds a partial head
+    assert [type(e) for e in parser.feed(get[10:])] == [RequestHead, MessageEnd]
+    close = b"GET /whole-close HTTP/1.1\r\nHost: whole.test\r\nConnection: close\r\n\r\n"
+    RequestParser().feed(close)
+    closing = RequestParser()
+    head = closing.whole(close)
+    assert head is not None
+    assert head.keep_alive is False
+    assert closing.state == "closed"
+
+
+def test_response_whole_needs_its_request_a_cached_head_and_exactly_the_body() -> None:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Whole: 1\r\n\r\nhello"
+    parser = ResponseParser()
+    assert parser.whole(ok) is None  # no request sent
+    parser.expect(b"GET")
+    assert parser.whole(ok) is None  # head not seen before: nothing consumed
+    first = parser.feed(ok)[0]
+    assert isinstance(first, ResponseHead)
+    parser.expect(b"GET")
+    head = parser.whole(ok)
+    assert head is first
+    assert ok[len(head.raw) + 4 :] == b"hello"  # where the body starts
+    parser.expect(b"GET")
+    assert parser.whole(ok[:-1]) is None  # body not all here
+    assert parser.whole(ok + b"x") is None  # more than the body
+    assert [type(e) for e in parser.feed(ok)] == [ResponseHead, BodyData, MessageEnd]
+    parser.expect(b"HEAD")  # the same bytes answer a HEAD without a body: another table
+    assert parser.whole(ok[: -len(b"hello")]) is None
+    parser.feed(ok[: -len(b"hello")])
+    parser.expect(b"HEAD")
+    head_only = parser.whole(ok[: -len(b"hello")])
+    assert head_only is not None
+    assert head_only.framing is Framing.NONE
+    parser.expect(b"CONNECT")  # may switch protocols: never the shortcut
+    assert parser.whole(ok) is None
+    assert parser.state == "head"

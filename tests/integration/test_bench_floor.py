@@ -1,0 +1,130 @@
+"""The bench's Python floor relay (agent.bench.floor) over real sockets on 127.0.0.1.
+
+It is a bench peer, so only its behaviour is tested: keep-alive requests come
+back unchanged, a broken request closes that connection only, SIGTERM stops
+every process it forked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import psutil
+import pytest
+
+from agent import aio
+from agent.bench import server
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+HOST = "127.0.0.1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def upstream() -> Iterator[int]:
+    """The bench server on a thread's loop; its port."""
+    port = _free_port()
+    ready = threading.Event()
+    loop_and_stop: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop_and_stop.append((asyncio.get_running_loop(), stop))
+        srv = await server.start(HOST, port)
+        ready.set()
+        async with srv:
+            await stop.wait()
+
+    t = threading.Thread(target=lambda: aio.run(run()), daemon=True)
+    t.start()
+    assert ready.wait(5)
+    try:
+        yield port
+    finally:
+        loop, stop = loop_and_stop[0]
+        loop.call_soon_threadsafe(stop.set)
+        t.join(5)
+
+
+@pytest.fixture
+def floor(upstream: int) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.bench.floor", f"{HOST}:{port}", f"{HOST}:{upstream}"]
+    )
+    try:
+        for _ in range(100):
+            try:
+                socket.create_connection((HOST, port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield port, proc
+    finally:
+        if proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                child.kill()
+            proc.kill()
+        proc.wait(5)
+
+
+def _get(sock: socket.socket, path: bytes) -> bytes:
+    sock.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: floor\r\n\r\n")
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        assert chunk, "connection closed"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        body += sock.recv(4096)
+    return head.split(b"\r\n", 1)[0]
+
+
+def test_keepalive_requests_are_relayed_and_a_broken_one_closes_only_its_connection(
+    floor: tuple[int, subprocess.Popen[bytes]],
+) -> None:
+    port, _ = floor
+    good = socket.create_connection((HOST, port), timeout=5)
+    bad = socket.create_connection((HOST, port), timeout=5)
+    try:
+        for i in range(5):
+            assert _get(good, b"/k%d" % i) == b"HTTP/1.1 200 OK"
+        bad.sendall(b"NOT HTTP AT ALL\x00\r\n\r\n")
+        assert bad.recv(4096) == b""  # closed by the relay
+        assert _get(good, b"/after") == b"HTTP/1.1 200 OK"
+    finally:
+        good.close()
+        bad.close()
+
+
+def test_sigterm_stops_the_relay_and_every_process_it_forked(
+    floor: tuple[int, subprocess.Popen[bytes]],
+) -> None:
+    _, proc = floor
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) == 1  # two workers by default: the parent and one fork
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    gone, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive
+    assert len(gone) == 1
