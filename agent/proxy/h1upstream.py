@@ -19,7 +19,10 @@ Rules:
 2. `reusable` is the pool's test: alive, no EOF, no exchange, parser between
    messages.
 3. Backpressure: `write_paused` mirrors the transport's pause_writing;
-   `drained()` waits for it to clear.
+   `drained()` waits for it to clear. The proxy pauses this connection's
+   reading while its client cannot take more; `finish` resumes it, so a
+   pause never outlives the exchange it was for (a pooled connection that
+   does not read would never see its next response).
 """
 
 from __future__ import annotations
@@ -276,4 +279,8 @@ class UpstreamConn(asyncio.Protocol):
         self.parser.expect(method)
 
     def finish(self) -> None:
+        """The exchange ended. Reading resumes if a slow client had paused it (rule 3)."""
         self.exch = None
+        tr = self.transport
+        if tr is not None and not tr.is_reading() and not tr.is_closing():
+            tr.resume_reading()

@@ -489,3 +489,28 @@ def test_a_whole_response_goes_out_byte_for_byte_unless_its_head_must_change(run
             await writer.wait_closed()
 
     run(body)
+
+
+def test_upstream_paused_for_a_slow_reader_reads_again_when_pooled(run: Run) -> None:
+    # The response ends while the client's buffer is over high water, so the upstream's
+    # reading was paused for it; the pooled connection must read again for whoever
+    # takes it next (here another client connection, which the first cannot resume for).
+    async def body() -> None:
+        big = bytes(range(256)) * 16384  # 4 MiB
+        async with _world(lambda path: _ok(big) if path == b"/big" else _ok(path)) as (up, proxy):
+            for rnd in range(3):
+                reader, writer = await asyncio.open_connection(HOST, proxy.port, limit=1 << 16)
+                await _get(reader, writer, b"/warm%d" % rnd)
+                writer.write(b"GET /big HTTP/1.1\r\nHost: web\r\n\r\n")
+                await asyncio.sleep(0.2)  # buffers fill: the proxy pauses the upstream
+                want, got = len(_ok(big)), b""
+                while len(got) < want:  # a slow reader to the very end
+                    got += await asyncio.wait_for(reader.read(1 << 16), 5)
+                    await asyncio.sleep(0.001)
+                assert got.endswith(big)
+                writer.close()
+                await writer.wait_closed()
+            assert len(up.conns) == 1  # each connection reused the one pooled upstream
+            assert up.closed == 0
+
+    run(body)
