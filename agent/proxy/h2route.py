@@ -5,7 +5,8 @@ Outbound (`serve_outbound`), per stream:
    `("dst", authority)`), else the connection's original destination.
 2. The profile route (`:method`, `:path`) gives the timeout and response
    classes; the destination's `Balancer` picks the endpoint. None: 503
-   (gRPC: UNAVAILABLE).
+   (gRPC: UNAVAILABLE). Steps 1-3 are `outbound.OutboundRouter`'s, the
+   HTTP/1 router's, with its per-connection memos.
 3. The hop as for HTTP/1 (`outbound.hop_for`): same node: B's policy is
    applied here with A's identity and `l5d-client-id` is set; mTLS to a
    meshed endpoint, h2 prior knowledge inside the tunnel (the peer's inbound
@@ -19,19 +20,16 @@ B's app over h2 from B's netns (`inbound.app_addr`).
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from agent.proxy import h2msg, http2, inbound, outbound
+from agent.proxy import h2msg, http1, http2, inbound, outbound
 from agent.proxy.h2msg import Answer, H2Headers
-from agent.proxy.plane import plane_of
-from agent.proxy.profile import match_route
 from agent.proxy.record import recorder
-from agent.proxy.state import DST, POLICY, Destination, PodInfo
-from agent.proxy.upstream import UpstreamError, transport_opener
+from agent.proxy.state import POLICY, Destination, PodInfo
+from agent.proxy.upstream import transport_opener
 
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Hashable
 
     from agent.policy.authorize import Facts
@@ -73,92 +71,54 @@ def authorize_stream(  # noqa: PLR0913 - the facts of one stream
 
 
 class OutboundStreams:
-    """Per-stream destination, route and endpoint for one app connection."""
+    """Per-stream destination, route and endpoint: the HTTP/1 router's steps and memos."""
 
     direction = "outbound"
 
-    def __init__(
-        self, conn: Conn, src: PodInfo | None, key: tuple[str, str], dst: Destination
-    ) -> None:
-        self.worker = conn.worker
-        self.plane = plane_of(conn.worker)
-        self.src = src
-        self.netns = conn.listener.netns
-        self.key = key
-        self.dst = dst
-        self.client_ip = ipaddress.ip_address(src.ip if src is not None else conn.peer[0])
-        self.loop = asyncio.get_running_loop()
-
-    async def _destination(
-        self, headers: H2Headers
-    ) -> tuple[tuple[str, str], Destination] | Answer:
-        override = h2msg.header(headers, DST_OVERRIDE)
-        grpc = h2msg.is_grpc(headers)
-        if not override or not override.isascii():
-            value = self.worker.state.get(self.key, self.dst)
-            return self.key, value if isinstance(value, Destination) else self.dst
-        key = (DST, override.decode("ascii").strip())
-        try:
-            dst = await self.worker.state.want(key, kind=DST, wait_s=outbound.DST_WAIT_S)
-        except TimeoutError:
-            return h2msg.answer_for(503, f"no destination for {key[1]}", grpc=grpc)
-        if not isinstance(dst, Destination) or not dst.exists:
-            return h2msg.answer_for(503, f"{key[1]} is not a mesh destination", grpc=grpc)
-        return key, dst
+    def __init__(self, router: outbound.OutboundRouter) -> None:
+        self.router = router
+        self.worker = router.worker
+        self.src = router.src
 
     async def route(self, headers: H2Headers) -> http2.Routed | Answer:
-        found = await self._destination(headers)
-        if isinstance(found, Answer):
-            return found
-        key, dst = found
+        router = self.router
         grpc = h2msg.is_grpc(headers)
-        entry = self.plane.entry(key, dst)
+        found = await router.destination(http1.dst_override(headers))
+        if isinstance(found, outbound.Refusal):
+            return h2msg.answer_for(found.status, found.message, grpc=grpc)
         method, path = h2msg.method_path(headers)
-        route = None
-        if dst.profile is not None and dst.profile.routes:
-            route = match_route(dst.profile, method, path)
-        labels = {"direction": outbound.DIRECTION, "authority": dst.authority or key[1]}
-        if route is not None:
-            labels["rt_route"] = route.name
-        handle = entry.balancer.pick(self.loop.time(), self.plane.rng)
-        if handle is None:
-            return h2msg.answer_for(503, f"no endpoints for {labels['authority']}", grpc=grpc)
-        ep = handle.endpoint
-        try:
-            hop = outbound.hop_for(self.worker, self.src, self.netns, ep)
-        except UpstreamError as exc:
-            handle.done(self.loop.time(), ok=False)
-            return h2msg.answer_for(exc.status, str(exc), grpc=grpc)
+        entry, route, labels = router.route_of(*found, method, path)
+        picked = router.pick(entry, labels, [])
+        if isinstance(picked, outbound.Refusal):
+            return h2msg.answer_for(picked.status, picked.message, grpc=grpc)
+        handle, choice = picked
+        hop = choice.hop
         send = headers
         if hop.kind == "local":
-            denied = self._authorize_local(hop, headers)
+            policy_key, authz_labels = router.local_policy(choice)
+            identity = self.src.identity if self.src is not None else None
+            denied = authorize_stream(
+                self.worker,
+                policy_key,
+                headers,
+                client_ip=router.client_ip,
+                identity=identity,
+                tls=identity is not None,
+                port=hop.addr[1],
+                labels=authz_labels,
+            )
             if denied is not None:
                 handle.cancel()
                 return denied
-            send = h2msg.with_client_id(headers, self.src.identity if self.src else None)
+            send = h2msg.with_client_id(headers, identity)
         return http2.Routed(
             key=("h2", *hop.key),
-            open=outbound.hop_opener(self.worker, hop),
+            open=choice.open,
             headers=send,
             handle=handle,
             route=route,
             timeout_s=route.timeout_s if route is not None else None,
-            labels={**labels, "dst_addr": f"{ep.addr[0]}:{ep.addr[1]}", "hop": hop.kind},
-        )
-
-    def _authorize_local(self, hop: Any, headers: H2Headers) -> Answer | None:
-        peer: PodInfo = hop.peer
-        identity = self.src.identity if self.src is not None else None
-        port = hop.addr[1]
-        return authorize_stream(
-            self.worker,
-            (POLICY, peer.key, port),
-            headers,
-            client_ip=self.client_ip,
-            identity=identity,
-            tls=identity is not None,
-            port=port,
-            labels={"direction": "inbound", "namespace": peer.namespace, "pod": peer.name},
+            labels=choice.labels,
         )
 
 
@@ -210,7 +170,7 @@ async def serve_outbound(  # noqa: PLR0913 - the facts of one connection
     eof: bool,
 ) -> int:
     """Serve an app's h2 connection per stream; the number of streams."""
-    router = OutboundStreams(conn, src, key, dst)
+    router = OutboundStreams(outbound.OutboundRouter(conn, src, key, dst))
     return await http2.serve(conn.transport, router, http2.pool_of(conn.worker), prefix, eof=eof)
 
 

@@ -798,11 +798,14 @@ def strip_hop_by_hop(headers: Headers, *, keep: frozenset[bytes] = frozenset()) 
 
 
 def dst_override(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
-    """The `l5d-dst-override` authority a client asked for, or None (bad bytes: None)."""
+    """The `l5d-dst-override` authority a client asked for, or None (bad bytes: None).
+
+    HTTP/1 and HTTP/2 alike; surrounding whitespace is not part of a field value.
+    """
     value = get_header(headers, DST_OVERRIDE)
     if not value or not value.isascii():
         return None
-    return value.decode("ascii")
+    return value.decode("ascii").strip() or None
 
 
 def set_client_id(headers: Headers, identity: str | None) -> Headers:

@@ -33,6 +33,7 @@ import asyncio
 import ipaddress
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
@@ -49,7 +50,8 @@ from agent.proxy.upstream import TransportOpener, UpstreamError, start_relay, tr
 if TYPE_CHECKING:
     import ssl
 
-    from agent.proxy.model import Endpoint
+    from agent.proxy.balance import Handle
+    from agent.proxy.model import Endpoint, Route
     from agent.proxy.worker import Conn, Worker
 
 logger = logging.getLogger(__name__)
@@ -122,8 +124,21 @@ def hop_for(worker: Worker, src: PodInfo | None, netns: str, ep: Endpoint) -> _H
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A proxy answer in protocol-neutral form (HTTP/1 and HTTP/2 each render it)."""
+
+    status: int
+    message: str
+
+
 class OutboundRouter:
-    """Per-request destination, route and endpoint choice for one client connection."""
+    """Per-request destination, route and endpoint choice for one client connection.
+
+    HTTP/1 uses it as its `Router` (`plan_now`, `plan`); HTTP/2 (agent.proxy.h2route)
+    calls the protocol-neutral steps per stream: `destination`, `route_of`, `pick`,
+    `local_policy`. Both get the same per-connection memos.
+    """
 
     direction = DIRECTION
 
@@ -136,7 +151,8 @@ class OutboundRouter:
         self.netns = conn.listener.netns
         self.key = key
         self.dst = dst
-        self.client_ip = ipaddress.ip_address(src.ip) if src is not None else None
+        # The client as B's policy sees it on a same-node hop: A's pod IP, else the peer.
+        self.client_ip = ipaddress.ip_address(src.ip if src is not None else conn.peer[0])
         self.loop = asyncio.get_running_loop()
         # Per-connection caches (the source pod and client facts never change on a connection):
         self._labels: dict[tuple[str, str | None], dict[str, str]] = {}
@@ -144,66 +160,37 @@ class OutboundRouter:
         self._authz = inbound.AuthzCache()
         self._memo: tuple[http1.RequestHead, int, httpproxy.Plan] | None = None
 
+    # --- HTTP/1: agent.proxy.httpproxy's Router ---
+
     def plan_now(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject | None:
         gen = self.worker.state.generation
         memo = self._memo
         if memo is not None and memo[0] is head and memo[1] == gen:
             return memo[2]  # the same head (parser cache) and state as last time
-        plan = self._plan_now(head)
-        if isinstance(plan, httpproxy.Plan):
-            self._memo = (head, gen, plan)
+        found = self.destination_now(http1.dst_override(head.headers))
+        if found is None:
+            return None  # not known yet: `plan` asks and waits
+        if isinstance(found, Refusal):
+            return httpproxy.reject(found.status, found.message)
+        plan = self._plan(head, *found)
+        self._memo = (head, gen, plan)
         return plan
-
-    def _plan_now(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject | None:
-        key: tuple[str, str] = self.key
-        override = http1.dst_override(head.headers)
-        if override:
-            key = (DST, override)
-            dst = self.worker.state.get(key)
-            if dst is None:
-                return None  # not known yet: `plan` asks and waits
-            if not isinstance(dst, Destination) or not dst.exists:
-                return httpproxy.reject(503, f"{override} is not a mesh destination")
-        else:
-            value = self.worker.state.get(key, self.dst)
-            dst = value if isinstance(value, Destination) else self.dst
-        return self._plan(head, key, dst)
 
     async def plan(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
         got = self.plan_now(head)
         if got is not None:
             return got
-        override = http1.dst_override(head.headers)
-        assert override is not None  # noqa: S101 - only an unknown override waits
-        key = (DST, override)
-        try:
-            dst = await self.worker.state.want(key, kind=DST, wait_s=DST_WAIT_S)
-        except TimeoutError:
-            return httpproxy.reject(503, f"no destination for {override}")
-        if not isinstance(dst, Destination) or not dst.exists:
-            return httpproxy.reject(503, f"{override} is not a mesh destination")
-        return self._plan(head, key, dst)
+        found = await self.destination(http1.dst_override(head.headers))
+        if isinstance(found, Refusal):
+            return httpproxy.reject(found.status, found.message)
+        return self._plan(head, *found)
 
     def _plan(
         self, head: http1.RequestHead, key: tuple[str, str], dst: Destination
     ) -> httpproxy.Plan:
-        entry = self.plane.entry(key, dst)
-        route = None
-        if dst.profile is not None and dst.profile.routes:
-            route = match_route(
-                dst.profile, head.method.decode("latin-1"), inbound.path_of(head.target)
-            )
-        authority = dst.authority or key[1]
-        lkey = (authority, route.name if route is not None else None)
-        labels = self._labels.get(lkey)
-        if labels is None:  # the same dict each time: the recorder keys series by its items
-            labels = {"direction": DIRECTION, "authority": authority}
-            if route is not None:
-                labels["rt_route"] = route.name
-            if len(self._labels) >= _CACHE_MAX:
-                self._labels.clear()
-            self._labels[lkey] = labels
-
+        entry, route, labels = self.route_of(
+            key, dst, head.method.decode("latin-1"), inbound.path_of(head.target)
+        )
         # Endpoints the current request already tried. The plan is reused by later requests
         # with the same head (`plan_now`), one at a time: attempt 1 starts afresh.
         tried: list[tuple[str, int]] = []
@@ -228,27 +215,119 @@ class OutboundRouter:
         labels: dict[str, str],
         tried: list[tuple[str, int]],
     ) -> httpproxy.Target | httpproxy.Reject:
-        handle = entry.balancer.pick(self.loop.time(), self.plane.rng, tried)
-        if handle is None:
-            return httpproxy.reject(503, f"no endpoints for {labels['authority']}")
-        ep = handle.endpoint
-        tried.append(ep.addr)
-        choice = self._choice(ep, labels)
-        if isinstance(choice, UpstreamError):
-            handle.done(self.loop.time(), ok=False)
-            return httpproxy.reject(choice.status, str(choice))
-        hop = choice.hop
-        if hop.kind == "local":
+        picked = self.pick(entry, labels, tried)
+        if isinstance(picked, Refusal):
+            return httpproxy.reject(picked.status, picked.message)
+        handle, choice = picked
+        if choice.hop.kind == "local":
             denied = self._authorize_local(choice, head)
             if denied is not None:
                 handle.cancel()
                 return denied
         return httpproxy.Target(
-            key=hop.key,
+            key=choice.hop.key,
             open=choice.open,
             rewrite=choice.rewrite,
             handle=handle,
             labels=choice.labels,
+        )
+
+    # --- protocol-neutral steps (HTTP/1 above, HTTP/2 in agent.proxy.h2route) ---
+
+    def destination_now(
+        self, override: str | None
+    ) -> tuple[tuple[str, str], Destination] | Refusal | None:
+        """(key, destination) of a request: the `l5d-dst-override` one, else the connection's.
+
+        A refusal when the override names no mesh destination; None when it is not
+        known yet (`destination` asks and waits).
+        """
+        if not override:
+            value = self.worker.state.get(self.key, self.dst)
+            return self.key, value if isinstance(value, Destination) else self.dst
+        key = (DST, override)
+        dst = self.worker.state.get(key)
+        if dst is None:
+            return None
+        if not isinstance(dst, Destination) or not dst.exists:
+            return Refusal(503, f"{override} is not a mesh destination")
+        return key, dst
+
+    async def destination(
+        self, override: str | None
+    ) -> tuple[tuple[str, str], Destination] | Refusal:
+        """`destination_now`, asking the supervisor and waiting when it is not known yet."""
+        found = self.destination_now(override)
+        if found is not None:
+            return found
+        assert override  # noqa: S101 - only an unknown override waits
+        key = (DST, override)
+        try:
+            dst = await self.worker.state.want(key, kind=DST, wait_s=DST_WAIT_S)
+        except TimeoutError:
+            return Refusal(503, f"no destination for {override}")
+        if not isinstance(dst, Destination) or not dst.exists:
+            return Refusal(503, f"{override} is not a mesh destination")
+        return key, dst
+
+    def route_of(
+        self, key: tuple[str, str], dst: Destination, method: str, path: str
+    ) -> tuple[DstEntry, Route | None, dict[str, str]]:
+        """The destination's entry, the profile route matched, the request's labels."""
+        entry = self.plane.entry(key, dst)
+        route = None
+        if dst.profile is not None and dst.profile.routes:
+            route = match_route(dst.profile, method, path)
+        authority = dst.authority or key[1]
+        lkey = (authority, route.name if route is not None else None)
+        labels = self._labels.get(lkey)
+        if labels is None:  # the same dict each time: the recorder keys series by its items
+            labels = {"direction": DIRECTION, "authority": authority}
+            if route is not None:
+                labels["rt_route"] = route.name
+            if len(self._labels) >= _CACHE_MAX:
+                self._labels.clear()
+            self._labels[lkey] = labels
+        return entry, route, labels
+
+    def pick(
+        self, entry: DstEntry, labels: dict[str, str], tried: list[tuple[str, int]]
+    ) -> tuple[Handle, _Choice] | Refusal:
+        """A balanced endpoint not in `tried` (appended to it) and the hop to it."""
+        handle = entry.balancer.pick(self.loop.time(), self.plane.rng, tried)
+        if handle is None:
+            return Refusal(503, f"no endpoints for {labels['authority']}")
+        ep = handle.endpoint
+        tried.append(ep.addr)
+        choice = self._choice(ep, labels)
+        if isinstance(choice, UpstreamError):
+            handle.done(self.loop.time(), ok=False)
+            return Refusal(choice.status, str(choice))
+        return handle, choice
+
+    def local_policy(self, choice: _Choice) -> tuple[tuple[str, str, int], dict[str, str]]:
+        """B's policy key and inbound authz labels for a same-node hop (kept on `choice`)."""
+        if choice.authz is None:
+            peer = choice.hop.peer
+            assert peer is not None  # noqa: S101 - set for local hops
+            port = choice.hop.addr[1]
+            labels = {"direction": "inbound", "namespace": peer.namespace, "pod": peer.name}
+            choice.authz = ((POLICY, peer.key, port), labels)
+        return choice.authz
+
+    def _authorize_local(self, choice: _Choice, head: http1.RequestHead) -> httpproxy.Reject | None:
+        policy_key, labels = self.local_policy(choice)
+        identity = self.src.identity if self.src is not None else None
+        return inbound.authorize_request(
+            self.worker,
+            policy_key,
+            head,
+            client_ip=self.client_ip,
+            identity=identity,
+            tls=identity is not None,
+            port=choice.hop.addr[1],
+            labels=labels,
+            cache=self._authz,
         )
 
     def _choice(self, ep: Endpoint, labels: dict[str, str]) -> _Choice | UpstreamError:
@@ -305,30 +384,6 @@ class OutboundRouter:
             self._choices.clear()
         self._choices[ckey] = got
         return got
-
-    def _authorize_local(self, choice: _Choice, head: http1.RequestHead) -> httpproxy.Reject | None:
-        hop = choice.hop
-        peer = hop.peer
-        assert peer is not None  # noqa: S101 - set for local hops
-        src = self.src
-        identity = src.identity if src is not None else None
-        client_ip = self.client_ip or ipaddress.ip_address("0.0.0.0")
-        port = hop.addr[1]
-        if choice.authz is None:
-            labels = {"direction": "inbound", "namespace": peer.namespace, "pod": peer.name}
-            choice.authz = ((POLICY, peer.key, port), labels)
-        policy_key, labels = choice.authz
-        return inbound.authorize_request(
-            self.worker,
-            policy_key,
-            head,
-            client_ip=client_ip,
-            identity=identity,
-            tls=identity is not None,
-            port=port,
-            labels=labels,
-            cache=self._authz,
-        )
 
 
 _CACHE_MAX = 64  # entries per connection cache; cleared whole when full

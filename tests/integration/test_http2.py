@@ -43,6 +43,7 @@ VIP_LOCAL = "10.96.1.11"  # g1:50051 + g1:50052 on n1 (same-node path)
 VIP_SLOW = "10.96.1.12"  # g2:50051 with a 0.3 s route timeout on /t.T/Slow
 VIP_LOAD = "10.96.1.13"  # g2:50051 + g2:50052, balanced only by the endpoint-removal test
 PORTS = (50051, 50052)
+OVERRIDE_AUTHORITY = "grpc-override.shop.svc.cluster.local:50051"  # names g2's endpoints
 MiB = 1 << 20
 
 SERVER = r"""
@@ -86,7 +87,8 @@ CLIENT = r"""
 import json, sys, time
 from concurrent import futures
 import grpc
-mode, target, arg = sys.argv[1], sys.argv[2], float(sys.argv[3])
+mode, target, raw = sys.argv[1], sys.argv[2], sys.argv[3]
+arg = 0.0 if mode == "override" else float(raw)
 ch = grpc.insecure_channel(target, options=[
     ("grpc.max_receive_message_length", 16 << 20), ("grpc.max_send_message_length", 16 << 20)])
 md = (("l5d-client-id", "admin.kube-system.serviceaccount.identity.linkerd.cluster.local"),)
@@ -100,6 +102,16 @@ if mode == "unary":  # `arg` concurrent calls on the one channel (one h2 connect
     for f in futs:
         try:
             res.append({"code": 0, **json.loads(f.result())})
+        except grpc.RpcError as e:
+            res.append({"code": code(e), "details": e.details()})
+    out["calls"] = res
+elif mode == "override":  # `raw`: the l5d-dst-override authority
+    echo = ch.unary_unary("/t.T/Echo")
+    res = []
+    for _ in range(4):
+        try:
+            res.append({"code": 0, **json.loads(echo(
+                b"o", metadata=md + (("l5d-dst-override", raw),), timeout=20))})
         except grpc.RpcError as e:
             res.append({"code": code(e), "details": e.details()})
     out["calls"] = res
@@ -210,6 +222,7 @@ async def world(module_lab, pki):
         w.push("n2", ("tls", WEB.dns_name), pki.material(WEB))
         w.push("n1", ("dst", f"{VIP_REMOTE}:50051"), _dst(VIP_REMOTE, pods["g2"]))
         w.push("n1", ("dst", f"{VIP_LOCAL}:50051"), _dst(VIP_LOCAL, pods["g1"]))
+        w.push("n1", ("dst", OVERRIDE_AUTHORITY), _dst(VIP_REMOTE, pods["g2"]))
         # Its own balancer: another test's long streaming call leaves a peak RTT
         # on one VIP_REMOTE endpoint, which P2C then avoids for seconds.
         w.push("n1", ("dst", f"{VIP_LOAD}:50051"), _dst(VIP_LOAD, pods["g2"]))
@@ -233,7 +246,7 @@ async def world(module_lab, pki):
             await pool.close()
 
 
-async def grpc_client(pod, mode: str, vip: str, arg: float = 0, limit_s: float = 60) -> dict:
+async def grpc_client(pod, mode: str, vip: str, arg: float | str = 0, limit_s: float = 60) -> dict:
     argv = [sys.executable, "-c", CLIENT, mode, f"{vip}:50051", str(arg)]
     done = await asyncio.to_thread(pod.run, argv, timeout=limit_s)
     return json.loads(done.stdout)
@@ -307,3 +320,14 @@ async def test_route_timeout_answers_deadline_exceeded(world):
     assert out["code"] == 4  # DEADLINE_EXCEEDED, from the proxy's trailers-only answer
     assert out["took"] < 1.2
     assert "timed out" in out["details"]
+
+
+async def test_l5d_dst_override_routes_each_stream_by_authority(world):
+    # Sent to the same-node VIP, overridden to an authority whose endpoints are on n2.
+    out = await grpc_client(world.pods["a"], "override", VIP_LOCAL, OVERRIDE_AUTHORITY)
+    calls = out["calls"]
+    assert [c["code"] for c in calls] == [0] * 4
+    assert {c["server"].split(":")[0] for c in calls} == {"g2"}
+    unknown = await grpc_client(world.pods["a"], "override", VIP_LOCAL, "nowhere.shop:1")
+    # No destination answer for it in this world: UNAVAILABLE (14) after the wait.
+    assert {c["code"] for c in unknown["calls"]} == {14}

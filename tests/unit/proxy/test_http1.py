@@ -457,6 +457,9 @@ def test_dst_override_and_get_header():
     assert dst_override(headers) == "web.shop.svc.cluster.local:80"
     assert dst_override([(b"l5d-dst-override", b"\xff")]) is None
     assert dst_override([]) is None
+    # HTTP/1 and HTTP/2 alike: surrounding whitespace is not part of the value.
+    assert dst_override([(b"l5d-dst-override", b" web.shop:80 \t")]) == "web.shop:80"
+    assert dst_override([(b"l5d-dst-override", b"  ")]) is None
     assert get_header(headers, b"l5d-dst-override") == b"web.shop.svc.cluster.local:80"
     assert get_header(headers, b"host") is None
 
