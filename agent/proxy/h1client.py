@@ -14,8 +14,8 @@ Rules:
 3. `push_front` puts a request's body and end back first, for a request the
    owner began in callbacks and hands to its coroutine.
 4. A bodiless request that arrives alone in one read, with nothing queued, is
-   offered to the owner at once (`take`), its end already queued; if the
-   owner declines it is queued in front of its end and reported as usual.
+   offered to the owner at once (`take`) without queueing it; if the owner
+   declines, its head and end are queued and reported as usual.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Owner(Protocol):
         ...
 
     def take(self, head: http1.RequestHead) -> bool:
-        """Begin `head`, a bodiless request whose end is queued, at once; False: not now."""
+        """Begin `head`, a whole bodiless request not queued, at once; False: not now."""
         ...
 
     def client_lost(self) -> None:
@@ -75,9 +75,9 @@ class ClientSide(asyncio.Protocol):
         if not events:  # rule 4: one bodiless request alone goes straight to the owner
             head = self.parser.whole(data)
             if head is not None:
-                events.append(END)
                 if not self.conn.take(head):
-                    events.appendleft(head)
+                    events.append(head)
+                    events.append(END)
                     self.conn.arrived()
                 return
         evs = self.parser.feed(data)

@@ -163,15 +163,19 @@ class CallbackExchange:
         self.got_bytes = True
         self.resp = resp
         self.failure = classify(self.plan.route, resp.status)
-        parts, self.keep = self.conn.response_head(self.head, resp)
+        conn = self.conn
+        parts, self.keep = conn.response_head(self.head, resp)
         out = self.out
         if parts[0] is resp.raw and not out:  # `response_head` kept the head as received
-            out.append(data)
-        else:
-            out += parts
-            end = len(resp.raw) + 4
-            if len(data) > end:
-                out.append(memoryview(data)[end:])
+            tr = conn.transport
+            if not tr.is_closing():
+                tr.write(data)
+            self._finish()
+            return
+        out += parts
+        end = len(resp.raw) + 4
+        if len(data) > end:
+            out.append(memoryview(data)[end:])
         self._end()
 
     def _on_events(self, events: list[http1.Event]) -> None:
@@ -221,6 +225,10 @@ class CallbackExchange:
 
     def _end(self) -> None:
         self._flush()
+        self._finish()
+
+    def _finish(self) -> None:
+        """The response was written whole: settle the endpoint, pool, metrics; next request."""
         self.ended = True
         conn = self.conn
         up = self.up
@@ -247,7 +255,9 @@ class CallbackExchange:
         conn.callback_requests += 1
         if not self.keep:
             conn.stop = True
-        conn.pump()  # the next queued request
+        down = conn.down
+        if down.events or conn.stop or down.lost or down.eof:
+            conn.pump()  # the next queued request, or news for the coroutine
 
     def _broken(self, err: UpstreamError) -> None:
         """The upstream failed: resend, answer 502, or abort the client (rule 5)."""

@@ -246,10 +246,10 @@ class HttpConn:
         self._settle()
 
     def take(self, head: RequestHead) -> bool:
-        """A bodiless request arrived alone, its end queued: begin it now if the callbacks may.
+        """A bodiless request arrived alone, nothing queued: begin it now if the callbacks may.
 
-        The client side's shortcut past the queue (rule 7); False leaves the head to the
-        caller to queue in front of its end and report as `arrived`.
+        The client side's shortcut past the queue (rule 7); False leaves the request
+        (head and end) to the caller to queue and report as `arrived`.
         """
         if (
             self.parked is None
@@ -266,12 +266,17 @@ class HttpConn:
         plan = self.router.plan_now(head)
         if plan is None:
             return False
-        self._start(head, plan, 1)
-        self._settle()
+        self._start(head, plan, 0)
+        if self.fast is None:
+            self._settle()
         return True
 
     def _start(self, head: RequestHead, plan: Plan | Reject, n: int) -> bool:
-        """Begin `head` (its `n` further events queued) in callbacks; False: handed off."""
+        """Begin `head` in callbacks; False: handed off to the coroutine.
+
+        `n`: the request's events still queued after the head (body pieces and end), as
+        `whole_request` counts them; 0 for a request `take` got past the queue.
+        """
         self.requests += 1
         t0 = self.loop.time()
         REQUEST.set(head)
@@ -282,7 +287,7 @@ class HttpConn:
             return True
         assert type(plan) is Plan  # noqa: S101 - narrowing for mypy
         if plan.budget is not None or plan.timeout_s is not None:
-            self.handoff = Handoff(head, t0, plan)
+            self._hand_off(Handoff(head, t0, plan), n)
             return False
         target = plan.choose(1)
         if type(target) is Reject:
@@ -293,11 +298,25 @@ class HttpConn:
         assert type(target) is Target  # noqa: S101 - narrowing for mypy
         up = self.pool.take(target.key)
         if up is None:
-            self.handoff = Handoff(head, t0, plan, target)
+            self._hand_off(Handoff(head, t0, plan, target), n)
             return False
         up = cast("UpstreamConn", up)
-        self._send_now(head=head, t0=t0, plan=plan, target=target, up=up, body=self._drop(n))
+        body = self._drop(n)
+        fast = CallbackExchange(self, up, head=head, t0=t0, plan=plan, target=target, body=body)
+        self.fast = fast
+        self.current = up
+        up.begin_with(fast, head.method)
+        out = self._head_bytes(head, target)
+        tr = up.transport
+        assert tr is not None  # noqa: S101 - pooled connections are connected
+        tr.write(b"".join((out, *body)) if body else out)
         return True
+
+    def _hand_off(self, work: Handoff, n: int) -> None:
+        """The coroutine serves `work`; it reads the body and end from the queue."""
+        if not n:
+            self.down.push_front([])  # the end `take` did not queue
+        self.handoff = work
 
     def _settle(self) -> None:
         """Wake the coroutine if the callbacks stopped with work or news for it."""
@@ -308,34 +327,20 @@ class HttpConn:
             self._unpark()
 
     def _drop(self, n: int) -> list[bytes | memoryview]:
-        """Pop a whole request's `n` remaining events (body, end); the body pieces."""
-        pop = self.down.pop
+        """Pop a whole request's `n` remaining events (body, end); the body pieces.
+
+        0: nothing of it is queued (`take`).
+        """
         body: list[bytes | memoryview] = []
+        if not n:
+            return body
+        pop = self.down.pop
         for _ in range(n - 1):
             ev = pop()
             assert type(ev) is BodyData  # noqa: S101 - `whole_request` checked
             body.append(ev.data)
         pop()  # the end
         return body
-
-    def _send_now(  # noqa: PLR0913 - the facts of one request
-        self,
-        *,
-        head: RequestHead,
-        t0: float,
-        plan: Plan,
-        target: Target,
-        up: UpstreamConn,
-        body: list[bytes | memoryview],
-    ) -> None:
-        fast = CallbackExchange(self, up, head=head, t0=t0, plan=plan, target=target, body=body)
-        self.fast = fast
-        self.current = up
-        up.begin_with(fast, head.method)
-        out = self._head_bytes(head, target)
-        tr = up.transport
-        assert tr is not None  # noqa: S101 - pooled connections are connected
-        tr.write(b"".join((out, *body)) if body else out)
 
     def _head_bytes(self, head: RequestHead, target: Target) -> bytes:
         """The request head as sent upstream (hop-by-hop dropped, rewritten), cached."""

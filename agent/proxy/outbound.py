@@ -316,7 +316,7 @@ class OutboundRouter:
         return choice.authz
 
     def _authorize_local(self, choice: _Choice, head: http1.RequestHead) -> httpproxy.Reject | None:
-        policy_key, labels = self.local_policy(choice)
+        policy_key, labels = choice.authz or self.local_policy(choice)
         identity = self.src.identity if self.src is not None else None
         return inbound.authorize_request(
             self.worker,

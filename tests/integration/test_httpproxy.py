@@ -514,3 +514,22 @@ def test_upstream_paused_for_a_slow_reader_reads_again_when_pooled(run: Run) -> 
             assert up.closed == 0
 
     run(body)
+
+
+def test_requests_the_router_refuses_are_answered_in_callbacks_and_the_connection_goes_on(
+    run: Run,
+) -> None:
+    async def body() -> None:
+        async with _world(_ok) as (up, proxy):
+            reader, writer = await asyncio.open_connection(HOST, proxy.port)
+            for i in range(3):  # each arrives alone: taken past the queue, refused at once
+                assert (await _get(reader, writer, b"/deny"))[0] == 403
+                status, _, answer = await _get(reader, writer, b"/ok%d" % i)
+                assert (status, answer) == (200, b"/ok%d" % i)
+            assert proxy.conns[0].requests == 6
+            assert proxy.conns[0].callback_requests >= 5  # all but the upstream's first open
+            assert [p.split(b" ")[1] for p, _ in up.seen] == [b"/ok0", b"/ok1", b"/ok2"]
+            writer.close()
+            await writer.wait_closed()
+
+    run(body)
