@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agent.proxy import h2msg, http1, http2, inbound, outbound
+from agent.proxy import h2msg, h2pool, http1, http2, inbound, outbound
 from agent.proxy.h2msg import Answer, H2Headers
 from agent.proxy.record import recorder
 from agent.proxy.state import POLICY, Destination, PodInfo
@@ -171,7 +171,7 @@ async def serve_outbound(  # noqa: PLR0913 - the facts of one connection
 ) -> int:
     """Serve an app's h2 connection per stream; the number of streams."""
     router = OutboundStreams(outbound.OutboundRouter(conn, src, key, dst))
-    return await http2.serve(conn.transport, router, http2.pool_of(conn.worker), prefix, eof=eof)
+    return await http2.serve(conn.transport, router, h2pool.pool_of(conn.worker), prefix, eof=eof)
 
 
 async def serve_inbound(  # noqa: PLR0913, PLR0917 - the facts of one connection
@@ -186,4 +186,4 @@ async def serve_inbound(  # noqa: PLR0913, PLR0917 - the facts of one connection
 ) -> int:
     """Serve an h2 connection to pod B per stream; the number of streams."""
     router = InboundStreams(conn.worker, pod, port, facts)
-    return await http2.serve(transport, router, http2.pool_of(conn.worker), prefix, eof=eof)
+    return await http2.serve(transport, router, h2pool.pool_of(conn.worker), prefix, eof=eof)

@@ -25,7 +25,7 @@ import h2.settings
 from hpack import NeverIndexedHeaderTuple
 
 from agent import aio
-from agent.proxy import h2msg, http2
+from agent.proxy import h2conn, h2msg, h2pool, http2
 
 MiB = 1 << 20
 
@@ -140,7 +140,7 @@ class Rig:
 
     def __init__(self, *, timeout_s: float | None = None) -> None:
         self.timeout_s = timeout_s
-        self.pool = http2.H2Pool()
+        self.pool = h2pool.H2Pool()
         self.tasks: list[asyncio.Task[Any]] = []
         self.upstream_conns = 0
         self.upstream_heads: list[list[tuple[bytes, bytes]]] = []
@@ -372,7 +372,7 @@ def test_a_client_that_stops_reading_stops_the_upstream_within_the_windows():
                 await asyncio.sleep(1.0)
                 # client's window (64 KiB) + what the proxy may hold for one stream
                 # (the window it advertises upstream) + socket buffers; not 32 MiB.
-                bound = 65535 + http2.STREAM_WINDOW + 4 * MiB
+                bound = 65535 + h2conn.STREAM_WINDOW + 4 * MiB
                 assert 0 < rig.upstream_sent < bound
                 assert len(r.body) <= 65535
                 assert not r.done.done()

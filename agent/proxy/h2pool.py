@@ -1,0 +1,121 @@
+"""Upstream h2 connections per pool key, for one worker (agent.proxy.http2's rule 6).
+
+One connection per key (source pod, endpoint, identity) with streams multiplexed on it;
+another is opened only when the peer's concurrent-stream limit is reached or the
+connection is going away. `pool_of(worker)` is the worker's pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, cast
+
+from agent.proxy.h2conn import H2Conn
+from agent.proxy.h2stream import H2Stream, StreamGoneError
+from agent.proxy.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
+    from agent.proxy.h2msg import H2Headers
+
+
+logger = logging.getLogger(__name__)
+
+Opener = Callable[[Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, Any]]]
+
+# --- the upstream pool ------------------------------------------------------------------
+
+
+class H2Pool:
+    """One multiplexed upstream h2 connection per key (rule 6), for one worker's loop."""
+
+    def __init__(self) -> None:
+        self._conns: dict[Hashable, list[H2Conn]] = {}
+        self._opening: dict[Hashable, asyncio.Future[H2Conn]] = {}
+        self.opened = 0
+
+    async def stream(
+        self, key: Hashable, opener: Opener, headers: H2Headers, *, end: bool
+    ) -> H2Stream:
+        """A new request stream to `key`'s upstream, opening a connection if needed.
+
+        Raises:
+            UpstreamError: connecting failed (or whatever `opener` raises).
+        """
+        for _ in range(3):
+            conn = await self._conn(key, opener)
+            try:
+                return conn.open_stream(headers, end=end)
+            except StreamGoneError:
+                continue
+        raise UpstreamError(str(key), "upstream h2 connections refuse new streams")
+
+    async def _conn(self, key: Hashable, opener: Opener) -> H2Conn:
+        while True:
+            for conn in self._conns.get(key, ()):
+                if conn.usable:
+                    return conn
+            pending = self._opening.get(key)
+            if pending is None:
+                break
+            with contextlib.suppress(UpstreamError):
+                await asyncio.shield(pending)
+                continue
+            break
+        fut: asyncio.Future[H2Conn] = asyncio.get_running_loop().create_future()
+        self._opening[key] = fut
+        try:
+            _, proto = await opener(lambda: H2Conn(client_side=True))
+        except BaseException as exc:
+            err = exc if isinstance(exc, UpstreamError) else UpstreamError(str(key), repr(exc))
+            fut.set_exception(err)
+            fut.exception()
+            raise
+        finally:
+            if self._opening.get(key) is fut:
+                del self._opening[key]
+        conn = cast("H2Conn", proto)
+        conn.pool_key = key
+        conn.on_idle = self._drop
+        self._conns.setdefault(key, []).append(conn)
+        self.opened += 1
+        if not fut.done():
+            fut.set_result(conn)
+        return conn
+
+    def _drop(self, conn: H2Conn) -> None:
+        conns = self._conns.get(conn.pool_key)
+        if conns is not None and conn in conns:
+            conns.remove(conn)
+            if not conns:
+                del self._conns[conn.pool_key]
+
+    def count(self, key: Hashable | None = None) -> int:
+        """Open upstream connections (for `key`, or all)."""
+        if key is not None:
+            return len(self._conns.get(key, ()))
+        return sum(len(v) for v in self._conns.values())
+
+    def close(self) -> None:
+        for conns in list(self._conns.values()):
+            for conn in list(conns):
+                conn.close()
+        self._conns.clear()
+
+
+# --- per-worker pools ---------------------------------------------------------------------
+
+_POOLS: weakref.WeakKeyDictionary[Any, H2Pool] = weakref.WeakKeyDictionary()
+
+
+def pool_of(worker: Any) -> H2Pool:
+    """The h2 upstream pool of a worker (made on first use)."""
+    pool = _POOLS.get(worker)
+    if pool is None:
+        pool = _POOLS[worker] = H2Pool()
+    return pool

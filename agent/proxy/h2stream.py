@@ -1,0 +1,260 @@
+"""One HTTP/2 stream of an `H2Conn` (agent.proxy.h2conn): a queue of what the peer sent,
+and sends that respect flow control (agent.proxy.http2's rules 2 and 3).
+
+The connection pushes what arrives (`Head`, `Data`, `Trailers`, `End`, or `Reset` when
+the stream is reset or its connection is gone); the stream's task takes it with
+`next`, sends with `send_headers`/`send_data`/`end`, and resets with `reset`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import h2.errors
+import h2.exceptions
+
+from agent.proxy import h2msg
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from agent.proxy.h2conn import H2Conn
+    from agent.proxy.h2msg import H2Headers
+
+logger = logging.getLogger(__name__)
+
+MAX_FRAME = 1 << 14
+CANCEL = h2.errors.ErrorCodes.CANCEL
+NO_ERROR = h2.errors.ErrorCodes.NO_ERROR
+
+
+class StreamGoneError(Exception):
+    """The stream was reset (by the peer or by us) or its connection is gone."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+        super().__init__(f"stream reset ({code})")
+
+
+# --- what a stream's queue holds ----------------------------------------------------
+
+
+@dataclass(slots=True)
+class Head:
+    headers: H2Headers
+    end: bool
+
+
+@dataclass(slots=True)
+class Data:
+    data: bytes
+    flow: int  # flow-controlled length (padding included), to acknowledge
+
+
+@dataclass(slots=True)
+class Trailers:
+    headers: H2Headers
+
+
+@dataclass(slots=True)
+class End:
+    pass
+
+
+@dataclass(slots=True)
+class Reset:
+    code: int
+
+
+Item = Head | Data | Trailers | End | Reset
+END = End()  # the one shared plain end (items are never mutated)
+
+
+class H2Stream:
+    """One stream: what the peer sent (queued), and sends that respect flow control."""
+
+    __slots__ = (
+        "_waiter",
+        "conn",
+        "gone",
+        "items",
+        "local_ended",
+        "on_reset",
+        "remote_ended",
+        "request",
+        "sid",
+    )
+
+    def __init__(self, conn: H2Conn, sid: int) -> None:
+        self.conn = conn
+        self.sid = sid
+        self.items: deque[Item] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self.request: H2Headers = []  # server side: the request headers
+        self.remote_ended = False
+        self.local_ended = False
+        self.gone: int | None = None  # the reset code once reset or lost
+        self.on_reset: Callable[[int], None] | None = None  # the peer reset this stream
+
+    # from the connection
+    def push(self, item: Item) -> None:
+        if isinstance(item, End | Trailers):
+            self.remote_ended = True
+        self.items.append(item)
+        self._wake()
+
+    def peer_reset(self, code: int) -> None:
+        """The peer reset the stream, or the connection is gone."""
+        if self.gone is not None:
+            return
+        self.gone = code
+        self.items.append(Reset(code))
+        self._wake()
+        self.conn.wake()
+        if code == NO_ERROR and self.remote_ended:
+            # The peer sent its whole side and just stops reading ours (RFC 9113
+            # 8.1): what is queued still goes on; nothing to propagate.
+            return
+        if self.on_reset is not None:
+            self.on_reset(code)
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # to the handler
+    async def next(self) -> Item:
+        """The next item the peer sent.
+
+        Raises:
+            StreamGoneError: the stream was reset or its connection lost.
+        """
+        while not self.items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        item = self.items.popleft()
+        if isinstance(item, Reset):
+            self.items.appendleft(item)  # stays gone
+            raise StreamGoneError(item.code)
+        return item
+
+    def peek_end(self) -> bool:
+        """Whether the next item is the plain end of the stream (not trailers)."""
+        return bool(self.items) and isinstance(self.items[0], End)
+
+    def ack(self, flow: int) -> None:
+        """Bytes of one DATA item were passed on: open the sender's window again (rule 2)."""
+        self.conn.ack(self.sid, flow)
+
+    def send_headers(self, headers: H2Headers, *, end: bool = False) -> None:
+        """Send headers (or trailers with `end`).
+
+        Raises:
+            StreamGoneError: the stream is gone.
+        """
+        self._check()
+        try:
+            self.conn.h2.send_headers(self.sid, h2msg.protect(headers), end_stream=end)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+            raise self._lost(exc) from exc
+        self.local_ended = self.local_ended or end
+        self.conn.flush()
+        if self.local_ended and self.remote_ended:
+            self.conn.forget(self)
+
+    async def send_data(self, data: bytes, *, end: bool = False) -> None:
+        """Send `data` (ending the stream with its last frame when `end`), waiting for
+        window and for the transport to drain (rule 2).
+
+        Raises:
+            StreamGoneError: the stream is gone.
+        """
+        conn = self.conn
+        view = memoryview(data)
+        while view:
+            self._check()
+            try:
+                window = conn.h2.local_flow_control_window(self.sid)
+            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+                raise self._lost(exc) from exc
+            size = min(window, conn.h2.max_outbound_frame_size, len(view))
+            if size <= 0:
+                await conn.wait_window()
+                continue
+            last = size == len(view)
+            chunk = data if last and size == len(data) else view[:size].tobytes()
+            try:
+                conn.h2.send_data(self.sid, chunk, end_stream=end and last)
+            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+                raise self._lost(exc) from exc
+            view = view[size:]
+            conn.queued(size)
+            if end and last:
+                self._ended()
+                return
+            await conn.drained()
+        if end:
+            self.end()
+
+    def end(self) -> None:
+        """End our side of the stream (no-op when already ended).
+
+        Raises:
+            StreamGoneError: the stream is gone.
+        """
+        if self.local_ended:
+            return
+        self._check()
+        try:
+            self.conn.h2.end_stream(self.sid)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+            raise self._lost(exc) from exc
+        self.conn.flush()
+        self._ended()
+
+    def _ended(self) -> None:
+        self.local_ended = True
+        if self.remote_ended:
+            self.conn.forget(self)
+
+    def reset(self, code: int = CANCEL) -> None:
+        """Reset the stream (no-op once gone); whoever waits on it sees it gone."""
+        if self.gone is not None:
+            return
+        self.gone = code
+        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+            self.conn.h2.reset_stream(self.sid, code)
+            self.conn.flush()
+        self.items.append(Reset(code))
+        self._wake()
+        self.conn.wake()
+        self.conn.forget(self)
+
+    def discard(self) -> None:
+        """Hand back the window of DATA nobody will read (the stream is over)."""
+        for item in self.items:
+            if isinstance(item, Data):
+                self.conn.ack(self.sid, item.flow)
+        self.items.clear()
+        if self.gone is not None:
+            self.items.append(Reset(self.gone))
+
+    @property
+    def bodiless(self) -> bool:
+        """The peer ended the stream and nothing but the end is left to read."""
+        return self.remote_ended and len(self.items) == 1 and isinstance(self.items[0], End)
+
+    def _check(self) -> None:
+        if self.gone is not None:
+            raise StreamGoneError(self.gone)
+
+    def _lost(self, exc: Exception) -> StreamGoneError:
+        logger.debug("stream gone", extra={"stream": self.sid, "error": str(exc)})
+        self.gone = CANCEL if self.gone is None else self.gone
+        return StreamGoneError(self.gone)
