@@ -78,7 +78,6 @@ class OutboundStreams:
     def __init__(self, router: outbound.OutboundRouter) -> None:
         self.router = router
         self.worker = router.worker
-        self.src = router.src
 
     async def route(self, headers: H2Headers) -> http2.Routed | Answer:
         router = self.router
@@ -95,22 +94,12 @@ class OutboundStreams:
         hop = choice.hop
         send = headers
         if hop.kind == "local":
-            policy_key, authz_labels = router.local_policy(choice)
-            identity = self.src.identity if self.src is not None else None
-            denied = authorize_stream(
-                self.worker,
-                policy_key,
-                headers,
-                client_ip=router.client_ip,
-                identity=identity,
-                tls=identity is not None,
-                port=hop.addr[1],
-                labels=authz_labels,
-            )
+            policy_key, facts = router.local_policy(choice)
+            denied = authorize_stream(self.worker, policy_key, headers, **facts)
             if denied is not None:
                 handle.cancel()
                 return denied
-            send = h2msg.with_client_id(headers, identity)
+            send = h2msg.with_client_id(headers, facts["identity"])
         return http2.Routed(
             key=("h2", *hop.key),
             open=choice.open,

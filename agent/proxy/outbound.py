@@ -305,30 +305,31 @@ class OutboundRouter:
             return Refusal(choice.status, str(choice))
         return handle, choice
 
-    def local_policy(self, choice: _Choice) -> tuple[tuple[str, str, int], dict[str, str]]:
-        """B's policy key and inbound authz labels for a same-node hop (kept on `choice`)."""
+    def local_policy(self, choice: _Choice) -> tuple[tuple[str, str, int], dict[str, Any]]:
+        """B's policy key and the facts a same-node request is authorized with (kept on `choice`).
+
+        The facts are the keyword arguments of `inbound.authorize_request` and
+        `h2route.authorize_stream`: A's identity as a verified client, A's address, the
+        port, B's inbound labels.
+        """
         if choice.authz is None:
             peer = choice.hop.peer
             assert peer is not None  # noqa: S101 - set for local hops
             port = choice.hop.addr[1]
-            labels = {"direction": "inbound", "namespace": peer.namespace, "pod": peer.name}
-            choice.authz = ((POLICY, peer.key, port), labels)
+            identity = self.src.identity if self.src is not None else None
+            facts = {
+                "client_ip": self.client_ip,
+                "identity": identity,
+                "tls": identity is not None,
+                "port": port,
+                "labels": {"direction": "inbound", "namespace": peer.namespace, "pod": peer.name},
+            }
+            choice.authz = ((POLICY, peer.key, port), facts)
         return choice.authz
 
     def _authorize_local(self, choice: _Choice, head: http1.RequestHead) -> httpproxy.Reject | None:
-        policy_key, labels = choice.authz or self.local_policy(choice)
-        identity = self.src.identity if self.src is not None else None
-        return inbound.authorize_request(
-            self.worker,
-            policy_key,
-            head,
-            client_ip=self.client_ip,
-            identity=identity,
-            tls=identity is not None,
-            port=choice.hop.addr[1],
-            labels=labels,
-            cache=self._authz,
-        )
+        policy_key, facts = choice.authz or self.local_policy(choice)
+        return inbound.authorize_request(self.worker, policy_key, head, cache=self._authz, **facts)
 
     def _choice(self, ep: Endpoint, labels: dict[str, str]) -> _Choice | UpstreamError:
         """The hop to `ep` and what a Target needs, reused while the state it read is the same."""
@@ -427,7 +428,7 @@ class _Choice:
         self.open = open
         self.rewrite = rewrite
         self.labels = labels
-        self.authz: tuple[tuple[str, str, int], dict[str, str]] | None = None  # local hops
+        self.authz: tuple[tuple[str, str, int], dict[str, Any]] | None = None  # local hops
 
 
 def _client_id(identity: str | None) -> Any:
