@@ -303,14 +303,20 @@ class HttpConn:
         up = cast("UpstreamConn", up)
         body = self._drop(n)
         fast = CallbackExchange(self, up, head=head, t0=t0, plan=plan, target=target, body=body)
+        self._send_now(fast)
+        return True
+
+    def _send_now(self, fast: CallbackExchange) -> None:
+        """Write `fast`'s request on its idle pooled connection; the callbacks take it on."""
+        up = fast.up
         self.fast = fast
         self.current = up
-        up.begin_with(fast, head.method)
-        out = self._head_bytes(head, target)
+        up.begin_with(fast, fast.head.method)
+        out = self._head_bytes(fast.head, fast.target)
         tr = up.transport
         assert tr is not None  # noqa: S101 - pooled connections are connected
+        body = fast.body
         tr.write(b"".join((out, *body)) if body else out)
-        return True
 
     def _hand_off(self, work: Handoff, n: int) -> None:
         """The coroutine serves `work`; it reads the body and end from the queue."""
