@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     from agent.policy.authorize import Facts
     from agent.proxy.worker import Conn, Worker
 
-DST_OVERRIDE = b"l5d-dst-override"
-
 
 def authorize_stream(  # noqa: PLR0913 - the facts of one stream
     worker: Worker,
