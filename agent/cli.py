@@ -545,6 +545,11 @@ def _noun_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="seconds per load; env MESHAGENT_BENCH_DURATION",
     )
     parser.add_argument("--out", metavar="DIR", help="write bench.json and bench.png here")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the node agents' workers; per-setup summaries in DIR/profile/ (slower)",
+    )
     _output_flag(parser, ("table", "json"))
     parser.set_defaults(handler=_bench)
 
@@ -557,15 +562,19 @@ def _bench(args: argparse.Namespace) -> int:
     from agent.errors import SettingError  # noqa: PLC0415
     from agent.render import table  # noqa: PLC0415
 
+    out = Path(args.out) if args.out else Path.cwd()
     try:
         opts = harness.Options.make(
-            quick=args.quick, setups_=args.setups, loads_=args.loads, duration_s=args.duration
+            quick=args.quick,
+            setups_=args.setups,
+            loads_=args.loads,
+            duration_s=args.duration,
+            profile_dir=(out / "profile").resolve() if args.profile else None,
         )
     except ValueError as exc:
         raise SettingError("--setups/--loads", f"{args.setups},{args.loads}", str(exc)) from None
     quiet = args.output == "json"
     doc = harness.run(opts, progress=None if quiet else lambda m: print(f"  {m}", flush=True))
-    out = Path(args.out) if args.out else Path.cwd()
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
     if quiet:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from agent.bench import loads, report, setups
+from agent.bench import loads, profile, report, setups
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ class Options:
     duration_s: float = 10.0
     warmup_s: float = 2.0
     workdir: Path | None = None
+    profile_dir: Path | None = None  # `--profile`: workers' cProfile per setup (bench.profile)
 
     @classmethod
     def make(
@@ -77,6 +78,7 @@ class Options:
         setups_: str | None = None,
         loads_: str | None = None,
         duration_s: float | None = None,
+        profile_dir: Path | None = None,
     ) -> Options:
         """Options from the CLI's values.
 
@@ -99,6 +101,7 @@ class Options:
             memory_pods=memory,
             duration_s=duration_s or (1.0 if quick else 10.0),
             warmup_s=0.3 if quick else 2.0,
+            profile_dir=profile_dir,
         )
 
 
@@ -227,7 +230,22 @@ def accel_delta(before: dict[str, int] | None, after: dict[str, int] | None) -> 
     return {"accel": {k: after[k] - before.get(k, 0) for k in after}}
 
 
-def _run_setup(topo: Topology, name: str, opts: Options, rows: list[dict[str, Any]]) -> None:
+def _run_setup(
+    topo: Topology, name: str, opts: Options, rows: list[dict[str, Any]], notes: list[str]
+) -> None:
+    directory = None  # `--profile`: only meshagent setups have workers to profile
+    if opts.profile_dir is not None and name.startswith("meshagent-"):
+        directory = opts.profile_dir / name
+    first = len(rows)
+    with profile.profiling(directory):
+        _measure_setup(topo, name, opts, rows)
+    if directory is not None:  # the agents stopped: their workers wrote their stats
+        requests = sum(r.get("requests") or 0 for r in rows[first:])
+        summary = profile.summarize(directory, requests)
+        notes.append(f"profile of {name}: {summary or 'no worker stats written'}")
+
+
+def _measure_setup(topo: Topology, name: str, opts: Options, rows: list[dict[str, Any]]) -> None:
     try:
         with setups.SETUPS[name](topo) as target:
             for load in opts.loads:
@@ -335,7 +353,7 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
                 _warm_up(topo)
                 for name in opts.setups:
                     say(f"setup {name}")
-                    _run_setup(topo, name, opts, rows)
+                    _run_setup(topo, name, opts, rows, notes)
                 if opts.memory_pods:
                     say(f"memory with {', '.join(map(str, opts.memory_pods))} meshed pods")
                     _memory(topo, opts, rows)

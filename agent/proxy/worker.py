@@ -23,6 +23,10 @@ Rules:
 5. Observability: each connection's task carries `agent.proxy.record.CONN`
    (the `Conn`), so the recorder knows the pod; the recorder hears
    `conn_end(conn, error)` when a connection's handler is done.
+6. Profiling (`meshagent bench --profile`): with `MESHAGENT_PROFILE_DIR` set
+   in its environment the worker runs under cProfile and writes its stats
+   there as `worker-<id>-<pid>.prof` when it exits; cProfile is imported
+   only then.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agent import aio
@@ -49,6 +54,8 @@ from agent.proxy.listener import LISTEN_BACKLOG, ListenerKind, UpstreamSockets
 from agent.redirect.model import PROXY_MARK
 
 logger = logging.getLogger(__name__)
+
+PROFILE_ENV = "MESHAGENT_PROFILE_DIR"  # rule 6 (agent.bench.profile sets it)
 
 DEFAULT_GRACE_S = 30.0
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
@@ -614,7 +621,25 @@ def main(argv: list[str] | None = None) -> int:
         connect_timeout=args.connect_timeout,
         stats_interval=args.stats_interval,
     )
+    directory = os.environ.get(PROFILE_ENV)
+    if directory:
+        return _run_profiled(worker, sock, directory)
     return aio.run(worker.run(sock))
+
+
+def _run_profiled(worker: Worker, sock: socket.socket, directory: str) -> int:
+    """Rule 6: the whole run under cProfile, its stats written to `directory` at the end."""
+    import cProfile  # noqa: PLC0415 - only when profiling
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        return aio.run(worker.run(sock))
+    finally:
+        prof.disable()
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        prof.dump_stats(out / f"worker-{worker.worker_id}-{os.getpid()}.prof")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,7 @@ def doc(tmp_path_factory):
             "0.5",
             "--out",
             str(out),
+            "--profile",
         ],
         capture_output=True,
         text=True,
@@ -46,6 +48,7 @@ def doc(tmp_path_factory):
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(done.stdout)
     assert json.loads((out / "bench.json").read_text()) == data
+    data["out"] = str(out)
     return data
 
 
@@ -92,3 +95,15 @@ def test_accelerated_setup_redirects_its_messages_and_is_compared_with_plain_ebp
     assert "accel" not in rows["meshagent-ebpf", "http1-rate-1000"]
     assert doc["ratios"]["accel_p50:meshagent-ebpf-accel/meshagent-ebpf@http1-rate-1000"] > 0
     assert doc["accel"]["latency"]["http1-rate-1000"]["p50"] > 0
+
+
+@pytest.mark.timeout(180)
+def test_profile_summarizes_each_meshagent_setups_workers(doc):
+    out = Path(doc["out"]) / "profile"
+    for setup in ("meshagent-iptables", "meshagent-ebpf"):
+        assert f"profile of {setup}: {out / setup}.txt" in doc["notes"]
+        assert len(list((out / setup).glob("worker-*.prof"))) == 2  # both workers wrote
+        text = (out / f"{setup}.txt").read_text()
+        assert text.startswith(f"cProfile of 2 worker(s) of {setup}:")
+        assert "agent/proxy/" in text  # the data path's own functions are in the top list
+    assert not (out / "haproxy-http").exists()  # only meshagent setups have workers
