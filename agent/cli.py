@@ -546,6 +546,13 @@ def _noun_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     parser.add_argument("--out", metavar="DIR", help="write bench.json and bench.png here")
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every setup's loads N times, alternating setups; report medians",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="cProfile the node agents' workers; per-setup summaries in DIR/profile/ (slower)",
@@ -570,9 +577,12 @@ def _bench(args: argparse.Namespace) -> int:
             loads_=args.loads,
             duration_s=args.duration,
             profile_dir=(out / "profile").resolve() if args.profile else None,
+            repeat=args.repeat,
         )
     except ValueError as exc:
-        raise SettingError("--setups/--loads", f"{args.setups},{args.loads}", str(exc)) from None
+        flag = "--repeat" if args.repeat < 1 else "--setups/--loads"
+        value = str(args.repeat) if args.repeat < 1 else f"{args.setups},{args.loads}"
+        raise SettingError(flag, value, str(exc)) from None
     quiet = args.output == "json"
     doc = harness.run(opts, progress=None if quiet else lambda m: print(f"  {m}", flush=True))
     out.mkdir(parents=True, exist_ok=True)

@@ -69,9 +69,10 @@ class Options:
     warmup_s: float = 2.0
     workdir: Path | None = None
     profile_dir: Path | None = None  # `--profile`: workers' cProfile per setup (bench.profile)
+    repeat: int = 1  # `--repeat`: rounds of every setup's loads, medians reported (report rule 6)
 
     @classmethod
-    def make(
+    def make(  # noqa: PLR0913 - one keyword per CLI option
         cls,
         *,
         quick: bool,
@@ -79,12 +80,15 @@ class Options:
         loads_: str | None = None,
         duration_s: float | None = None,
         profile_dir: Path | None = None,
+        repeat: int = 1,
     ) -> Options:
         """Options from the CLI's values.
 
         Raises:
-            ValueError: an unknown setup or load name.
+            ValueError: an unknown setup or load name, or fewer than one round.
         """
+        if repeat < 1:
+            raise ValueError(f"--repeat must be at least 1, got {repeat}")
         wanted_setups = _pick(setups_, tuple(setups.SETUPS), "setup") if setups_ else None
         all_loads = (*ALL_LOADS, *(f"memory-{p}" for p in MEMORY_PODS), "memory")
         base_loads = QUICK_LOADS if quick else ALL_LOADS
@@ -102,6 +106,7 @@ class Options:
             duration_s=duration_s or (1.0 if quick else 10.0),
             warmup_s=0.3 if quick else 2.0,
             profile_dir=profile_dir,
+            repeat=repeat,
         )
 
 
@@ -236,13 +241,15 @@ def _run_setup(
     directory = None  # `--profile`: only meshagent setups have workers to profile
     if opts.profile_dir is not None and name.startswith("meshagent-"):
         directory = opts.profile_dir / name
-    first = len(rows)
     with profile.profiling(directory):
         _measure_setup(topo, name, opts, rows)
     if directory is not None:  # the agents stopped: their workers wrote their stats
-        requests = sum(r.get("requests") or 0 for r in rows[first:])
+        # Every round so far: the directory holds the stats of each round's workers.
+        requests = sum(r.get("requests") or 0 for r in rows if r["setup"] == name)
         summary = profile.summarize(directory, requests)
-        notes.append(f"profile of {name}: {summary or 'no worker stats written'}")
+        tag = f"profile of {name}: "
+        notes[:] = [n for n in notes if not n.startswith(tag)]
+        notes.append(tag + str(summary or "no worker stats written"))
 
 
 def _measure_setup(topo: Topology, name: str, opts: Options, rows: list[dict[str, Any]]) -> None:
@@ -351,9 +358,10 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
             topo = setups.build_topology(lab, workdir)
             try:
                 _warm_up(topo)
-                for name in opts.setups:
-                    say(f"setup {name}")
-                    _run_setup(topo, name, opts, rows, notes)
+                for rnd in range(1, opts.repeat + 1):
+                    for name in opts.setups:
+                        say(f"setup {name}" + (f" (round {rnd})" if opts.repeat > 1 else ""))
+                        _run_setup(topo, name, opts, rows, notes)
                 if opts.memory_pods:
                     say(f"memory with {', '.join(map(str, opts.memory_pods))} meshed pods")
                     _memory(topo, opts, rows)
@@ -361,9 +369,12 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
                 topo.mesh.stop()
     finally:
         setups.remove_workdir(workdir)
-    notes.append(f"run took {time.monotonic() - started:.0f}s; {opts.duration_s}s per load")
+    took = f"run took {time.monotonic() - started:.0f}s; {opts.duration_s}s per load"
+    if opts.repeat > 1:
+        took += f"; {opts.repeat} rounds, medians reported"
+    notes.append(took)
     notes += _not_yet_notes(opts)
-    return report.document(machine(), rows, notes)
+    return report.document(machine(), report.combine(rows), notes)
 
 
 def _not_yet_notes(opts: Options) -> list[str]:

@@ -26,10 +26,15 @@ Rules:
    rps and CPU per request over `haproxy-http`'s, and each same-node
    meshagent setup's over the floor's, named like rule 2's ratios. They say
    how much of the distance to HAProxy is Python's and how much the mesh's.
+6. Repeated rounds (`--repeat N`): `combine` makes one row per setup and load,
+   each measured number the median over the rounds that did not fail
+   (`rounds`, and `rps_rounds` for the spread); requests and errors are
+   summed. Ratios and added latency are computed from those medians.
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -250,6 +255,42 @@ def memory_summary(rows: Sequence[Row]) -> dict[str, Any]:
             "linkerd_sidecars_mb": [round(low * pods, 1), round(high * pods, 1)],
             "goal_mb": NODE_MEMORY_GOAL_MB if pods == 100 else None,
         }
+    return out
+
+
+_MEDIAN_KEYS = (
+    "rps",
+    "p50_ms",
+    "p99_ms",
+    "p999_ms",
+    "gbps",
+    "rss_mb",
+    "cpu_s",
+    "cpu_s_per_req",
+    "cpu_s_per_gb",
+)
+
+
+def combine(rows: Sequence[Row]) -> list[Row]:
+    """One row per (setup, load) from rows of repeated rounds (rule 6), first-seen order."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r["setup"], r["load"]), []).append(r)
+    out: list[Row] = []
+    for group in groups.values():
+        good = [r for r in group if not r.get("error")]
+        if len(group) == 1 or not good:
+            out.append(dict(group[0]))
+            continue
+        row = dict(good[0])
+        for key in _MEDIAN_KEYS:
+            values = [r[key] for r in good if r.get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+        for key in ("requests", "errors"):
+            row[key] = sum(r.get(key) or 0 for r in good)
+        row["rounds"] = len(good)
+        row["rps_rounds"] = [r.get("rps") for r in good]
+        out.append(row)
     return out
 
 

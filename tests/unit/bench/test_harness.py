@@ -49,3 +49,10 @@ def testaccel_delta_is_each_counter_increase_and_nothing_without_counts():
     assert accel_delta(before, after) == {"accel": {"redirected_msgs": 4000, "off_size": 2}}
     assert accel_delta(None, after) == {}
     assert accel_delta(before, None) == {}
+
+
+def test_repeat_needs_at_least_one_round():
+    assert Options.make(quick=True).repeat == 1
+    assert Options.make(quick=True, repeat=3).repeat == 3
+    with pytest.raises(ValueError, match="--repeat must be at least 1, got 0"):
+        Options.make(quick=True, repeat=0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agent.bench import report
 
 
@@ -152,3 +154,44 @@ def test_accel_summary_needs_both_setups_and_says_so_in_the_notes():
     assert notes[0] == "n"
     assert "goal <= 0.85x met" in notes[-1]
     assert "bulk sane (8.0 Gbit/s, 0.5x plain)" in notes[-1]
+
+
+def test_repeated_rounds_become_one_row_of_medians_and_ratios_use_them():
+    sat = "http1-saturate"
+    rows = [
+        {"setup": "haproxy-http", "load": sat, "rps": 40000.0, "requests": 400, "errors": 0},
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 20000.0, "cpu_s_per_req": 4e-5,
+         "requests": 200, "errors": 1},
+        {"setup": "haproxy-http", "load": sat, "rps": 50000.0, "requests": 500, "errors": 0},
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 33000.0, "cpu_s_per_req": 3e-5,
+         "requests": 330, "errors": 0},
+        {"setup": "haproxy-http", "load": sat, "rps": 44000.0, "requests": 440, "errors": 0},
+        {"setup": "meshagent-ebpf", "load": sat, "error": "agent not ready"},
+        {"setup": "meshagent-ebpf", "load": "memory-1", "rss_mb": 130.0},
+    ]  # fmt: skip
+    combined = report.combine(rows)
+    by = {(r["setup"], r["load"]): r for r in combined}
+    assert [(r["setup"], r["load"]) for r in combined] == [
+        ("haproxy-http", sat),
+        ("meshagent-ebpf", sat),
+        ("meshagent-ebpf", "memory-1"),
+    ]
+    assert by["haproxy-http", sat]["rps"] == 44000.0
+    assert by["haproxy-http", sat]["rps_rounds"] == [40000.0, 50000.0, 44000.0]
+    ebpf = by["meshagent-ebpf", sat]
+    assert ebpf["rounds"] == 2  # the failed round is left out of the medians
+    assert ebpf["rps"] == 26500.0
+    assert ebpf["cpu_s_per_req"] == pytest.approx(3.5e-5)
+    assert (ebpf["requests"], ebpf["errors"]) == (530, 1)
+    assert "error" not in ebpf
+    assert by["meshagent-ebpf", "memory-1"] == rows[-1]  # measured once: as it was
+    doc = report.document({}, combined, [])
+    assert doc["ratios"][f"http1_saturate_rps:meshagent-ebpf/haproxy-http@{sat}"] == 0.602
+
+
+def test_a_setup_that_failed_every_round_keeps_its_error():
+    rows = [
+        {"setup": "meshagent-ebpf", "load": "*", "error": "first"},
+        {"setup": "meshagent-ebpf", "load": "*", "error": "second"},
+    ]
+    assert report.combine(rows) == [rows[0]]
