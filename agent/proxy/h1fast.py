@@ -161,13 +161,10 @@ class CallbackExchange:
     def _on_whole(self, resp: ResponseHead, data: bytes) -> None:
         """A whole final response: forwarded as it came when its head needs no change."""
         self.got_bytes = True
-        self.resp = resp
-        self.failure = classify(self.plan.route, resp.status)
-        conn = self.conn
-        parts, self.keep = conn.response_head(self.head, resp)
+        parts = self._final_head(resp)
         out = self.out
         if parts[0] is resp.raw and not out:  # `response_head` kept the head as received
-            tr = conn.transport
+            tr = self.conn.transport
             if not tr.is_closing():
                 tr.write(data)
             self._finish()
@@ -196,10 +193,7 @@ class CallbackExchange:
                 if resp.status < 200:
                     self.interim = True  # no Expect on this path: nobody waits for a 100
                     continue
-                self.resp = resp
-                self.failure = classify(self.plan.route, resp.status)
-                parts, self.keep = self.conn.response_head(self.head, resp)
-                out += parts
+                out += self._final_head(resp)
             elif kind is ProtocolError:
                 reason = cast("ProtocolError", ev).reason
                 self._broken(UpstreamError("upstream", f"bad response: {reason}"))
@@ -210,6 +204,13 @@ class CallbackExchange:
             else:
                 raise AssertionError(f"BUG: unexpected response event {ev!r}")
         self._flush()
+
+    def _final_head(self, resp: ResponseHead) -> list[bytes | memoryview]:
+        """Take the final response head: its classification, and its bytes for the client."""
+        self.resp = resp
+        self.failure = classify(self.plan.route, resp.status)
+        parts, self.keep = self.conn.response_head(self.head, resp)
+        return parts
 
     def _flush(self) -> None:
         out = self.out

@@ -247,11 +247,7 @@ class OutboundRouter:
             return self.key, value if isinstance(value, Destination) else self.dst
         key = (DST, override)
         dst = self.worker.state.get(key)
-        if dst is None:
-            return None
-        if not isinstance(dst, Destination) or not dst.exists:
-            return Refusal(503, f"{override} is not a mesh destination")
-        return key, dst
+        return None if dst is None else _mesh_destination(key, dst)
 
     async def destination(
         self, override: str | None
@@ -266,9 +262,7 @@ class OutboundRouter:
             dst = await self.worker.state.want(key, kind=DST, wait_s=DST_WAIT_S)
         except TimeoutError:
             return Refusal(503, f"no destination for {override}")
-        if not isinstance(dst, Destination) or not dst.exists:
-            return Refusal(503, f"{override} is not a mesh destination")
-        return key, dst
+        return _mesh_destination(key, dst)
 
     def route_of(
         self, key: tuple[str, str], dst: Destination, method: str, path: str
@@ -388,6 +382,15 @@ class OutboundRouter:
 
 
 _CACHE_MAX = 64  # entries per connection cache; cleared whole when full
+
+
+def _mesh_destination(
+    key: tuple[str, str], dst: object
+) -> tuple[tuple[str, str], Destination] | Refusal:
+    """An override's state value as (key, destination), or the refusal when it is not one."""
+    if not isinstance(dst, Destination) or not dst.exists:
+        return Refusal(503, f"{key[1]} is not a mesh destination")
+    return key, dst
 
 
 class _Choice:
