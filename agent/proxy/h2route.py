@@ -20,11 +20,10 @@ B's app over h2 from B's netns (`inbound.app_addr`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.proxy import h2msg, h2pool, http1, http2, inbound, outbound
 from agent.proxy.h2msg import Answer, H2Headers
-from agent.proxy.record import recorder
 from agent.proxy.state import POLICY, Destination, PodInfo
 from agent.proxy.upstream import transport_opener
 
@@ -36,30 +35,26 @@ if TYPE_CHECKING:
     from agent.proxy.worker import Conn, Worker
 
 
-def authorize_stream(  # noqa: PLR0913 - the facts of one stream
+def authorize_stream(
     worker: Worker,
     policy_key: Hashable,
     headers: H2Headers,
-    *,
-    client_ip: inbound.IPAddress,
-    identity: str | None,
-    tls: bool,
-    port: int,
-    labels: dict[str, str],
+    cache: inbound.AuthzCache,
+    facts: dict[str, Any],
 ) -> Answer | None:
-    """Authorize one stream with the current policy: None if allowed, else the answer."""
-    method, path = h2msg.method_path(headers)
-    decision, merged = inbound.decide(
-        inbound.policy_from(worker, worker.state.get(policy_key)),
-        method=method,
-        path=path,
-        client_ip=client_ip,
-        identity=identity,
-        tls=tls,
-        port=port,
-        labels=labels,
+    """Authorize one stream (`inbound.authorize_http`): None if allowed, else the answer.
+
+    `facts`: the client's, as `authorize_http` takes them (the same for every stream
+    of a connection, as is `cache`).
+    """
+    decision = inbound.authorize_http(
+        worker,
+        policy_key,
+        h2msg.header(headers, b":method") or b"",
+        h2msg.header(headers, b":path") or b"",
+        cache=cache,
+        **facts,
     )
-    recorder().authz(merged, allowed=decision.allowed, http=True)
     if decision.allowed:
         return None
     message = inbound.deny_message(decision)
@@ -93,7 +88,7 @@ class OutboundStreams:
         send = headers
         if hop.kind == "local":
             policy_key, facts = router.local_policy(choice)
-            denied = authorize_stream(self.worker, policy_key, headers, **facts)
+            denied = authorize_stream(self.worker, policy_key, headers, router.authz_cache, facts)
             if denied is not None:
                 handle.cancel()
                 return denied
@@ -121,28 +116,28 @@ class InboundStreams:
         self.facts = facts
         self.policy_key = (POLICY, pod.key, port)
         self.labels = inbound.labels_for(pod, port, facts.client_identity, tls=facts.tls)
+        self.authz_cache = inbound.AuthzCache()
+        self.authz_facts: dict[str, Any] = {
+            "client_ip": facts.client_ip,
+            "identity": facts.client_identity,
+            "tls": facts.tls,
+            "port": port,
+            "labels": self.labels,
+        }
         addr = inbound.app_addr(pod, port)
         self.key = ("h2app", pod.netns, addr)
         self.open = transport_opener(worker, netns=pod.netns, addr=addr)
 
     async def route(self, headers: H2Headers) -> http2.Routed | Answer:
-        facts = self.facts
         denied = authorize_stream(
-            self.worker,
-            self.policy_key,
-            headers,
-            client_ip=facts.client_ip,
-            identity=facts.client_identity,
-            tls=facts.tls,
-            port=self.port,
-            labels=self.labels,
+            self.worker, self.policy_key, headers, self.authz_cache, self.authz_facts
         )
         if denied is not None:
             return denied
         return http2.Routed(
             key=self.key,
             open=self.open,
-            headers=h2msg.with_client_id(headers, facts.client_identity),
+            headers=h2msg.with_client_id(headers, self.facts.client_identity),
             labels=self.labels,
         )
 

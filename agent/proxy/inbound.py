@@ -28,7 +28,7 @@ Flow per connection (DESIGN.md "Flows", inbound):
    default); an invalid policy denies. Live TCP connections are re-checked
    when the policy value changes (agent.proxy.plane rule 3).
 
-The same-node path of outbound uses `authorize_request`, `app_target` and
+The same-node path of outbound uses `authorize_http`, `app_target` and
 `relay_to_app` with the calling pod's identity (tls=True, authenticated).
 """
 
@@ -224,10 +224,11 @@ class AuthzCache:
         self._entries[key] = entry
 
 
-def authorize_request(  # noqa: PLR0913 - the facts of one request
+def authorize_http(  # noqa: PLR0913 - the facts of one request
     worker: Worker,
     policy_key: Hashable,
-    head: http1.RequestHead,
+    method: bytes,
+    target: bytes,
     *,
     client_ip: IPAddress,
     identity: str | None,
@@ -235,46 +236,45 @@ def authorize_request(  # noqa: PLR0913 - the facts of one request
     port: int,
     labels: dict[str, str],
     cache: AuthzCache | None = None,
-) -> httpproxy.Reject | None:
-    """Authorize one HTTP request with the current policy: None if allowed, else the answer.
+    token: object = None,
+) -> Decision:
+    """Decide one HTTP/1 request or HTTP/2 stream with the current policy, and count it.
 
-    With `cache` (one per client connection: same client facts), a decision for the
-    same policy object, port, method and target is reused.
+    `method` and `target` as they came (the target's path is what routes match). The
+    caller answers a denial (`deny_answer`; HTTP/2: agent.proxy.h2route). With `cache`
+    (one per client connection: same client facts) a decision for the same policy
+    object, port, method and target is reused; `token`, the parser's head object (one
+    per distinct head), makes a repeat of the last request an identity check.
     """
     gen = worker.state.generation
+    entry = None
     if cache is not None:
         last = cache.last
-        if last is not None and last[0] is head and last[1] is policy_key and last[2] == gen:
-            decision = last[3][1]
-            recorder().authz(last[3][2], allowed=decision.allowed, http=True)
-            return None if decision.allowed else deny_answer(decision, head.headers)
-    policy = policy_from(worker, worker.state.get(policy_key))
-    ckey = (policy_key, head.method, head.target)
-    if cache is not None:
-        hit = cache.get(ckey, policy)
-        if hit is not None:
-            cache.last = (head, policy_key, gen, hit)
-            decision = hit[1]
-            recorder().authz(hit[2], allowed=decision.allowed, http=True)
-            return None if decision.allowed else deny_answer(decision, head.headers)
-    decision, merged = decide(
-        policy,
-        method=head.method.decode("latin-1"),
-        path=path_of(head.target),
-        client_ip=client_ip,
-        identity=identity,
-        tls=tls,
-        port=port,
-        labels=labels,
-    )
-    if cache is not None:
-        entry = (policy, decision, merged)
-        cache.put(ckey, entry)
-        cache.last = (head, policy_key, gen, entry)
-    recorder().authz(merged, allowed=decision.allowed, http=True)
-    if decision.allowed:
-        return None
-    return deny_answer(decision, head.headers)
+        if last is not None and last[0] is token and last[1] is policy_key and last[2] == gen:
+            entry = last[3]
+    if entry is None:
+        policy = policy_from(worker, worker.state.get(policy_key))
+        ckey = (policy_key, method, target)
+        entry = cache.get(ckey, policy) if cache is not None else None
+        if entry is None:
+            decision, merged = decide(
+                policy,
+                method=method.decode("latin-1"),
+                path=path_of(target),
+                client_ip=client_ip,
+                identity=identity,
+                tls=tls,
+                port=port,
+                labels=labels,
+            )
+            entry = (policy, decision, merged)
+            if cache is not None:
+                cache.put(ckey, entry)
+        if cache is not None and token is not None:
+            cache.last = (token, policy_key, gen, entry)
+    decision = entry[1]
+    recorder().authz(entry[2], allowed=decision.allowed, http=True)
+    return decision
 
 
 def app_addr(pod: PodInfo, port: int) -> tuple[str, int]:
@@ -325,20 +325,20 @@ class InboundRouter:
         return self.plan_now(head)
 
     def plan_now(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
-        denied = authorize_request(
+        decision = authorize_http(
             self.worker,
             self.policy_key,
-            head,
+            head.method,
+            head.target,
             client_ip=self.client_ip,
             identity=self.identity,
             tls=self.tls,
             port=self.port,
             labels=self.labels,
             cache=self.authz_cache,
+            token=head,
         )
-        if denied is not None:
-            return denied
-        return self._plan
+        return self._plan if decision.allowed else deny_answer(decision, head.headers)
 
     def _choose(self, attempt: int) -> httpproxy.Target:  # noqa: ARG002 - Plan API
         return self.target

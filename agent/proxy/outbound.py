@@ -157,7 +157,7 @@ class OutboundRouter:
         # Per-connection caches (the source pod and client facts never change on a connection):
         self._labels: dict[tuple[str, str | None], dict[str, str]] = {}
         self._choices: dict[tuple[tuple[str, int], int], _Choice] = {}
-        self._authz = inbound.AuthzCache()
+        self.authz_cache = inbound.AuthzCache()  # shared by HTTP/1 requests and h2 streams
         self._memo: tuple[http1.RequestHead, int, httpproxy.Plan] | None = None
 
     # --- HTTP/1: agent.proxy.httpproxy's Router ---
@@ -302,9 +302,8 @@ class OutboundRouter:
     def local_policy(self, choice: _Choice) -> tuple[tuple[str, str, int], dict[str, Any]]:
         """B's policy key and the facts a same-node request is authorized with (kept on `choice`).
 
-        The facts are the keyword arguments of `inbound.authorize_request` and
-        `h2route.authorize_stream`: A's identity as a verified client, A's address, the
-        port, B's inbound labels.
+        The facts are keyword arguments of `inbound.authorize_http`: A's identity as a
+        verified client, A's address, the port, B's inbound labels.
         """
         if choice.authz is None:
             peer = choice.hop.peer
@@ -323,7 +322,16 @@ class OutboundRouter:
 
     def _authorize_local(self, choice: _Choice, head: http1.RequestHead) -> httpproxy.Reject | None:
         policy_key, facts = choice.authz or self.local_policy(choice)
-        return inbound.authorize_request(self.worker, policy_key, head, cache=self._authz, **facts)
+        decision = inbound.authorize_http(
+            self.worker,
+            policy_key,
+            head.method,
+            head.target,
+            cache=self.authz_cache,
+            token=head,
+            **facts,
+        )
+        return None if decision.allowed else inbound.deny_answer(decision, head.headers)
 
     def _choice(self, ep: Endpoint, labels: dict[str, str]) -> _Choice | UpstreamError:
         """The hop to `ep` and what a Target needs, reused while the state it read is the same."""

@@ -1,16 +1,33 @@
-"""Pure helpers of agent.proxy.inbound: TLS sniff verdicts, request paths, deny answers."""
+"""agent.proxy.inbound's pure helpers (TLS sniff verdicts, request paths, deny answers) and
+`authorize_http`, the one decision step of HTTP/1 requests and HTTP/2 streams, against the
+worker's real state copy (`WorkerState`): a policy change reaches the next request even
+when the per-connection cache or the last-head memo would answer."""
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
+from types import SimpleNamespace
 
 import pytest
 
 from agent.policy.authorize import Decision, Reason
-from agent.policy.model import Meta
-from agent.proxy import http1
+from agent.policy.model import (
+    Authorization,
+    HttpRoute,
+    HttpRouteMatch,
+    MeshTLS,
+    Meta,
+    Network,
+    PathKind,
+    ServerPolicy,
+    Unauthenticated,
+)
+from agent.proxy import channel as ch
+from agent.proxy import http1, record
 from agent.proxy.detect import NEED_MORE
-from agent.proxy.inbound import _PLAIN, _sniff_tls, deny_answer, path_of
+from agent.proxy.inbound import _PLAIN, AuthzCache, _sniff_tls, authorize_http, deny_answer, path_of
+from agent.proxy.worker import WorkerState
 
 
 def _client_hello(sni: str | None) -> bytes:
@@ -78,3 +95,106 @@ def test_deny_for_grpc_is_status_7_with_http_200():
 
 def test_deny_without_a_route_is_404():
     assert deny_answer(_denied(Reason.NO_ROUTE), []).status == 404
+
+
+# --- authorize_http -----------------------------------------------------------------
+
+KEY = ("policy", "shop/web", 8080)
+WEB = "web.shop.serviceaccount.identity.linkerd.cluster.local"
+FACTS = {
+    "client_ip": ipaddress.ip_address("10.1.2.3"),
+    "identity": None,
+    "tls": False,
+    "port": 8080,
+    "labels": {"direction": "inbound", "pod": "web"},
+}
+
+
+def _authz(authn, name):
+    return Authorization(
+        networks=(Network.parse("0.0.0.0/0"),),
+        authentication=authn,
+        meta=Meta(name=name, kind="authorizationpolicy", group="policy.linkerd.io"),
+    )
+
+
+def _policy(name: str, authn) -> ServerPolicy:
+    """GET /items/... allowed to `authn`; nothing else routed."""
+    route = HttpRoute(
+        meta=Meta(name="items", kind="HTTPRoute", group="policy.linkerd.io"),
+        matches=(HttpRouteMatch(path_kind=PathKind.PREFIX, path="/items", method="GET"),),
+        authorizations=(_authz(authn, f"{name}-authz"),),
+    )
+    return ServerPolicy(meta=Meta(name=name, kind="server"), http_routes=(route,))
+
+
+OPEN = _policy("open", Unauthenticated())
+WEB_ONLY = _policy("web-only", MeshTLS(identities=frozenset({WEB})))
+
+
+class Counted:
+    """A Recorder that keeps its authz calls (the metrics plugin's interface)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str | None, bool]] = []
+
+    def authz(self, labels, *, allowed, http):
+        assert http is True
+        self.calls.append((labels.get("authz_name") or labels.get("route_name"), allowed))
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    rec = Counted()
+    monkeypatch.setattr(record, "RECORDER", rec)
+    return rec
+
+
+@pytest.fixture
+def worker():
+    w = SimpleNamespace(state=WorkerState(lambda _need: None))
+    w.state.apply(ch.StateUpdate(key=KEY, value=OPEN))
+    return w
+
+
+def test_decides_by_method_and_path_without_the_query_and_counts_each(worker, counted):
+    allowed = authorize_http(worker, KEY, b"GET", b"/items/1?x=2", **FACTS)
+    assert allowed.allowed
+    assert allowed.route is not None
+    assert allowed.route.name == "items"
+    no_route = authorize_http(worker, KEY, b"POST", b"/items/1", **FACTS)
+    assert not no_route.allowed
+    assert no_route.reason is Reason.NO_ROUTE
+    assert [a for _, a in counted.calls] == [True, False]
+
+
+def test_a_repeated_head_is_counted_every_time_and_sees_a_policy_change(worker, counted):
+    cache = AuthzCache()
+    head = object()  # the parser's head object: one per distinct head
+    for _ in range(3):
+        assert authorize_http(worker, KEY, b"GET", b"/items/1", cache=cache, token=head, **FACTS)
+    assert len(counted.calls) == 3
+    worker.state.apply(ch.StateUpdate(key=KEY, value=WEB_ONLY))
+    denied = authorize_http(worker, KEY, b"GET", b"/items/1", cache=cache, token=head, **FACTS)
+    assert not denied.allowed
+    assert denied.reason is Reason.UNAUTHORIZED
+    assert counted.calls[-1][1] is False
+
+
+def test_a_stream_without_a_token_uses_the_cache_until_the_policy_object_changes(worker, counted):
+    cache = AuthzCache()
+    first = authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS)
+    again = authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS)
+    assert again is first  # the cached decision
+    worker.state.apply(ch.StateUpdate(key="unrelated", value=1))  # the policy object stays
+    assert authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS) is first
+    worker.state.apply(ch.StateUpdate(key=KEY, value=WEB_ONLY))
+    assert not authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS).allowed
+    assert [a for _, a in counted.calls] == [True, True, True, False]
+
+
+def test_the_verified_identity_is_what_a_mesh_only_policy_admits(worker, counted):
+    worker.state.apply(ch.StateUpdate(key=KEY, value=WEB_ONLY))
+    facts = {**FACTS, "identity": WEB, "tls": True}
+    assert authorize_http(worker, KEY, b"GET", b"/items/1", **facts).allowed
+    assert not authorize_http(worker, KEY, b"GET", b"/items/1", **FACTS).allowed
