@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
-from agent.proxy import http1
+from agent.proxy import h1msg, http1
 from agent.proxy.h1plan import Plan, Reject, Target, reject
 from agent.proxy.http1 import (
     BodyData,
@@ -312,7 +312,7 @@ def whole_request(events: deque[http1.Event]) -> int:
 def response_head(head: RequestHead, resp: ResponseHead) -> HeadOut:
     """The response head for the client (hop-by-hop dropped), and whether it keeps alive."""
     keep = head.keep_alive and resp.framing is not Framing.UNTIL_CLOSE
-    headers = http1.strip_hop_by_hop(
+    headers = h1msg.strip_hop_by_hop(
         resp.headers, keep=KEEP_TE if resp.framing is Framing.CHUNKED else NO_KEEP
     )
     if (
@@ -328,4 +328,4 @@ def response_head(head: RequestHead, resp: ResponseHead) -> HeadOut:
         headers = [*headers, (b"connection", b"close")]
     elif head.version == b"1.0":
         headers = [*headers, (b"connection", b"keep-alive")]
-    return [http1.response_head_bytes(resp.status, headers, resp.reason or None)], keep
+    return [h1msg.response_head_bytes(resp.status, headers, resp.reason or None)], keep

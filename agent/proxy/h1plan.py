@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from agent.proxy import http1
+from agent.proxy import h1msg, http1
 
 if TYPE_CHECKING:
     from agent.proxy.balance import Handle
@@ -73,7 +73,7 @@ class Router(Protocol):
 def reject(status: int, message: str, *, close: bool = False, grpc: int | None = None) -> Reject:
     """A proxy answer: `l5d-proxy-error` response, or a gRPC trailers-only error."""
     if grpc is not None:
-        return Reject(status=status, response=http1.grpc_error_response(grpc, message), close=close)
+        return Reject(status=status, response=h1msg.grpc_error_response(grpc, message), close=close)
     return Reject(
-        status=status, response=http1.error_response(status, message, close=close), close=close
+        status=status, response=h1msg.error_response(status, message, close=close), close=close
     )

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from hpack import NeverIndexedHeaderTuple
 
-from agent.proxy import http1
+from agent.proxy import h1msg, http1
 
 H2Headers = list[tuple[bytes, bytes]]
 
@@ -118,11 +118,11 @@ def answer_for(status: int, message: str, *, grpc: bool) -> Answer:
 def answer_headers(answer: Answer) -> H2Headers:
     """The response headers (sent with END_STREAM) of a proxy answer (rule 1)."""
     if answer.grpc is not None:
-        grpc = http1.grpc_error_headers(answer.grpc, answer.message)
+        grpc = h1msg.grpc_error_headers(answer.grpc, answer.message)
         return [(b":status", b"200"), *((k, _valid(v)) for k, v in grpc)]
     return [
         (b":status", b"%d" % answer.status),
-        (http1.PROXY_ERROR, _text(answer.message)),
+        (h1msg.PROXY_ERROR, _text(answer.message)),
         (b"content-length", b"0"),
     ]
 

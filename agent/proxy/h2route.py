@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agent.proxy import h2msg, h2pool, http1, http2, inbound, outbound
+from agent.proxy import h1msg, h2msg, h2pool, http2, inbound, outbound
 from agent.proxy.h2msg import Answer, H2Headers
 from agent.proxy.state import POLICY, Destination, PodInfo
 from agent.proxy.upstream import transport_opener
@@ -75,7 +75,7 @@ class OutboundStreams:
     async def route(self, headers: H2Headers) -> http2.Routed | Answer:
         router = self.router
         grpc = h2msg.is_grpc(headers)
-        found = await router.destination(http1.dst_override(headers))
+        found = await router.destination(h1msg.dst_override(headers))
         if isinstance(found, outbound.Refusal):
             return h2msg.answer_for(found.status, found.message, grpc=grpc)
         method, path = h2msg.method_path(headers)

@@ -54,7 +54,7 @@ import contextvars
 import logging
 from typing import cast
 
-from agent.proxy import http1
+from agent.proxy import h1msg
 from agent.proxy.h1client import ClientSide
 from agent.proxy.h1fast import (
     KEEP_TE,
@@ -200,7 +200,7 @@ class HttpConn:
                 break  # the client is gone or done sending
             ev = down.pop()
             if isinstance(ev, ProtocolError):
-                self.write(http1.error_response(ev.status, ev.reason, close=True))
+                self.write(h1msg.error_response(ev.status, ev.reason, close=True))
                 break
             if not isinstance(ev, RequestHead):
                 logger.error("BUG: request event out of place", extra={"event": repr(ev)})
@@ -356,12 +356,12 @@ class HttpConn:
             hit = self._heads.get(raw)
             if hit is not None and hit[0] is rewrite:
                 return hit[1]
-        headers = http1.strip_hop_by_hop(
+        headers = h1msg.strip_hop_by_hop(
             head.headers, keep=KEEP_TE if head.framing is Framing.CHUNKED else NO_KEEP
         )
         if rewrite is not None:
             headers = rewrite(headers)
-        out = http1.request_head_bytes(head.method, head.target, headers, head.version)
+        out = h1msg.request_head_bytes(head.method, head.target, headers, head.version)
         if raw:
             if len(self._heads) >= _HEAD_CACHE_MAX:
                 self._heads.clear()
@@ -554,7 +554,7 @@ class HttpConn:
                 return
             else:  # client gone or broken body
                 if isinstance(ev, ProtocolError):
-                    self.write(http1.error_response(ev.status, ev.reason, close=True))
+                    self.write(h1msg.error_response(ev.status, ev.reason, close=True))
                 raise _ClientGoneError
 
     async def _read_body(self) -> bytes:
@@ -567,7 +567,7 @@ class HttpConn:
                 return b"".join(parts)
             else:
                 if isinstance(ev, ProtocolError):
-                    self.write(http1.error_response(ev.status, ev.reason, close=True))
+                    self.write(h1msg.error_response(ev.status, ev.reason, close=True))
                 raise _ClientGoneError
 
     async def _skip_body(self) -> None:

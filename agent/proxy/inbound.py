@@ -43,7 +43,7 @@ from agent.errors import AgentError
 from agent.identity.tls import peer_identity
 from agent.policy.authorize import Decision, Facts, authorize
 from agent.policy.model import ProxyProtocol, ServerPolicy
-from agent.proxy import h2route, http1, httpproxy, tcp
+from agent.proxy import h1msg, h2route, http1, httpproxy, tcp
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NEED_MORE, NeedMore, Protocol, detect, is_tls_client_hello, parse_sni
 from agent.proxy.plane import Guard, Plane, plane_of, read_prefix
@@ -142,7 +142,7 @@ def labels_for(pod: PodInfo, port: int, identity: str | None, *, tls: bool) -> d
 
 
 def _is_grpc(headers: http1.Headers) -> bool:
-    ctype = http1.get_header(headers, b"content-type")
+    ctype = h1msg.get_header(headers, b"content-type")
     return ctype is not None and ctype.lower().startswith(b"application/grpc")
 
 
@@ -190,7 +190,7 @@ def deny_answer(decision: Decision, headers: http1.Headers) -> httpproxy.Reject:
     """403 (404 for no route) with `l5d-proxy-error`, or gRPC PERMISSION_DENIED."""
     message = deny_message(decision)
     if _is_grpc(headers):
-        return httpproxy.reject(200, message, grpc=http1.GRPC_PERMISSION_DENIED)
+        return httpproxy.reject(200, message, grpc=h1msg.GRPC_PERMISSION_DENIED)
     return httpproxy.reject(decision.http_status, message)
 
 
@@ -288,7 +288,7 @@ def app_target(worker: Worker, pod: PodInfo, port: int, identity: str | None) ->
     opener = transport_opener(worker, netns=pod.netns, addr=addr)
 
     def rewrite(headers: http1.Headers) -> http1.Headers:
-        return http1.set_client_id(headers, identity)
+        return h1msg.set_client_id(headers, identity)
 
     return httpproxy.Target(key=("app", pod.netns, addr), open=opener, rewrite=rewrite)
 

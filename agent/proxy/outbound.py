@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
 from agent.policy.authorize import Facts
-from agent.proxy import h2route, http1, httpproxy, inbound
+from agent.proxy import h1msg, h2route, http1, httpproxy, inbound
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NeedMore, Protocol, detect
 from agent.proxy.plane import DstEntry, plane_of, read_prefix
@@ -167,7 +167,7 @@ class OutboundRouter:
         memo = self._memo
         if memo is not None and memo[0] is head and memo[1] == gen:
             return memo[2]  # the same head (parser cache) and state as last time
-        found = self.destination_now(http1.dst_override(head.headers))
+        found = self.destination_now(h1msg.dst_override(head.headers))
         if found is None:
             return None  # not known yet: `plan` asks and waits
         if isinstance(found, Refusal):
@@ -180,7 +180,7 @@ class OutboundRouter:
         got = self.plan_now(head)
         if got is not None:
             return got
-        found = await self.destination(http1.dst_override(head.headers))
+        found = await self.destination(h1msg.dst_override(head.headers))
         if isinstance(found, Refusal):
             return httpproxy.reject(found.status, found.message)
         return self._plan(head, *found)
@@ -444,7 +444,7 @@ class _Choice:
 
 def _client_id(identity: str | None) -> Any:
     def rewrite(headers: http1.Headers) -> http1.Headers:
-        return http1.set_client_id(headers, identity)
+        return h1msg.set_client_id(headers, identity)
 
     return rewrite
 

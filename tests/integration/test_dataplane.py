@@ -37,7 +37,7 @@ from agent.policy.model import (
     ProxyProtocol,
     ServerPolicy,
 )
-from agent.proxy import http1
+from agent.proxy import h1msg, http1
 from agent.proxy.channel import StateUpdate
 from agent.proxy.listener import ListenerKind, open_pod_listeners
 from agent.proxy.model import Endpoint, MatchAll, MethodIs, PathRegex, Profile, RetryBudget, Route
@@ -124,7 +124,7 @@ class HttpApp(asyncio.Protocol):
                 self.transport.close()
 
     async def answer(self, head, body_len) -> None:
-        cid = http1.get_header(head.headers, b"l5d-client-id")
+        cid = h1msg.get_header(head.headers, b"l5d-client-id")
         path = head.target.decode()
         self.hits.append((self.name, path, cid.decode() if cid else None))
         status = 200
@@ -136,7 +136,7 @@ class HttpApp(asyncio.Protocol):
             {"server": self.name, "client_id": cid.decode() if cid else None, "len": body_len}
         ).encode()
         self.transport.write(
-            http1.response_head_bytes(status, [(b"content-length", b"%d" % len(payload))]) + payload
+            h1msg.response_head_bytes(status, [(b"content-length", b"%d" % len(payload))]) + payload
         )
 
 
@@ -206,7 +206,7 @@ class Client:
         if body:
             hdrs.append((b"content-length", b"%d" % len(body)))
         self.parser.expect(method)
-        self.writer.write(http1.request_head_bytes(method, path.encode(), hdrs) + body)
+        self.writer.write(h1msg.request_head_bytes(method, path.encode(), hdrs) + body)
         status, rhead, chunks = None, None, []
         async with asyncio.timeout(10):
             while True:
@@ -495,7 +495,7 @@ async def test_same_node_path_needs_no_tls_and_enforces_the_target_policy(world)
             }
         status, head, _ = await cb.request("/local")  # beta is not allowed on web1:8080
         assert status == 403
-        assert http1.get_header(head.headers, b"l5d-proxy-error") is not None
+        assert h1msg.get_header(head.headers, b"l5d-proxy-error") is not None
     finally:
         ca_.close()
         cb.close()
@@ -520,7 +520,7 @@ async def test_endpoint_with_another_identity_is_refused(world):
         # web2's inbound sees an SNI that is not its identity, so it never completes
         # a handshake as OTHER: the hop fails, and nothing reaches the app.
         assert status == 502
-        assert b"tls handshake" in http1.get_header(head.headers, b"l5d-proxy-error")
+        assert b"tls handshake" in h1msg.get_header(head.headers, b"l5d-proxy-error")
     finally:
         c.close()
 
@@ -531,7 +531,7 @@ async def test_expired_source_certificate_fails_closed(world):
     try:
         status, head, _ = await c.request("/e")
         assert status == 502
-        assert b"expired" in http1.get_header(head.headers, b"l5d-proxy-error")
+        assert b"expired" in h1msg.get_header(head.headers, b"l5d-proxy-error")
     finally:
         c.close()
         world.push("n1", ("tls", BETA.dns_name), world.pki.material(BETA))
@@ -607,7 +607,7 @@ async def test_inbound_deny_answers_403(world):
         world.push("n2", key, ServerPolicy.default("all-authenticated"))
     assert (status_a, status_b) == (403, 200)
     assert grpc_status == 200
-    assert http1.get_header(ghead.headers, b"grpc-status") == b"7"
+    assert h1msg.get_header(ghead.headers, b"grpc-status") == b"7"
 
 
 async def test_policy_change_applies_to_the_next_identical_request_on_a_live_connection(world):
@@ -756,7 +756,7 @@ async def test_route_timeout_answers_504(world):
         status, head, _ = await c.request("/slow")
         took = time.monotonic() - t0
         assert status == 504
-        assert http1.get_header(head.headers, b"l5d-proxy-error") is not None
+        assert h1msg.get_header(head.headers, b"l5d-proxy-error") is not None
         assert took < 0.9
         status, _, _ = await c.request("/fast")  # the connection still serves
         assert status == 200
@@ -816,7 +816,7 @@ async def test_pipelined_requests_are_answered_in_order(world):
             c.parser.expect(b"GET")
         c.writer.write(
             b"".join(
-                http1.request_head_bytes(b"GET", p.encode(), [(b"host", b"web")]) for p in paths
+                h1msg.request_head_bytes(b"GET", p.encode(), [(b"host", b"web")]) for p in paths
             )
         )
         seen: list[int] = []
@@ -838,7 +838,7 @@ async def test_chunked_request_body_streams_through(world):
         body = b"".join(b"%x\r\n" % len(ch) + ch + b"\r\n" for ch in chunks) + b"0\r\n\r\n"
         c.parser.expect(b"POST")
         c.writer.write(
-            http1.request_head_bytes(
+            h1msg.request_head_bytes(
                 b"POST", b"/upload", [(b"host", b"web"), (b"transfer-encoding", b"chunked")]
             )
             + body

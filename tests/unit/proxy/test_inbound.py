@@ -24,7 +24,7 @@ from agent.policy.model import (
     Unauthenticated,
 )
 from agent.proxy import channel as ch
-from agent.proxy import http1, record
+from agent.proxy import h1msg, http1, record
 from agent.proxy.detect import NEED_MORE
 from agent.proxy.inbound import _PLAIN, AuthzCache, _sniff_tls, authorize_http, deny_answer, path_of
 from agent.proxy.worker import WorkerState
@@ -90,7 +90,7 @@ def test_deny_for_grpc_is_status_7_with_http_200():
     parser.expect(b"POST")
     head = parser.feed(answer.response)[0]
     assert head.status == 200
-    assert http1.get_header(head.headers, b"grpc-status") == b"7"
+    assert h1msg.get_header(head.headers, b"grpc-status") == b"7"
 
 
 def test_deny_without_a_route_is_404():
