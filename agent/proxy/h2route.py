@@ -47,7 +47,7 @@ def authorize_stream(
     `facts`: the client's, as `authorize_http` takes them (the same for every stream
     of a connection, as is `cache`).
     """
-    decision = inbound.authorize_http(
+    decision, _ = inbound.authorize_http(
         worker,
         policy_key,
         h2msg.header(headers, b":method") or b"",

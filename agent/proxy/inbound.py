@@ -237,8 +237,10 @@ def authorize_http(  # noqa: PLR0913 - the facts of one request
     labels: dict[str, str],
     cache: AuthzCache | None = None,
     token: object = None,
-) -> Decision:
+) -> tuple[Decision, dict[str, str]]:
     """Decide one HTTP/1 request or HTTP/2 stream with the current policy, and count it.
+
+    Returns the decision and the labels it was counted under.
 
     `method` and `target` as they came (the target's path is what routes match). The
     caller answers a denial (`deny_answer`; HTTP/2: agent.proxy.h2route). With `cache`
@@ -274,7 +276,7 @@ def authorize_http(  # noqa: PLR0913 - the facts of one request
             cache.last = (token, policy_key, gen, entry)
     decision = entry[1]
     recorder().authz(entry[2], allowed=decision.allowed, http=True)
-    return decision
+    return decision, entry[2]
 
 
 def app_addr(pod: PodInfo, port: int) -> tuple[str, int]:
@@ -325,7 +327,7 @@ class InboundRouter:
         return self.plan_now(head)
 
     def plan_now(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
-        decision = authorize_http(
+        decision, _ = authorize_http(
             self.worker,
             self.policy_key,
             head.method,

@@ -50,7 +50,7 @@ from agent.proxy.upstream import TransportOpener, UpstreamError, start_relay, tr
 if TYPE_CHECKING:
     import ssl
 
-    from agent.proxy.balance import Handle
+    from agent.proxy.balance import EndpointStats, Handle
     from agent.proxy.model import Endpoint, Route
     from agent.proxy.worker import Conn, Worker
 
@@ -137,7 +137,9 @@ class OutboundRouter:
 
     HTTP/1 uses it as its `Router` (`plan_now`, `plan`); HTTP/2 (agent.proxy.h2route)
     calls the protocol-neutral steps per stream: `destination`, `route_of`, `pick`,
-    `local_policy`. Both get the same per-connection memos.
+    `local_policy`. Both get the same per-connection memos. HTTP/1 keeps one more: the
+    last request's hop and same-node authorization (`_Lane`), reused by the next
+    request with the same head when the balancer picks the same endpoint.
     """
 
     direction = DIRECTION
@@ -159,6 +161,7 @@ class OutboundRouter:
         self._choices: dict[tuple[tuple[str, int], int], _Choice] = {}
         self.authz_cache = inbound.AuthzCache()  # shared by HTTP/1 requests and h2 streams
         self._memo: tuple[http1.RequestHead, int, httpproxy.Plan] | None = None
+        self._lane: _Lane | None = None
 
     # --- HTTP/1: agent.proxy.httpproxy's Router ---
 
@@ -215,22 +218,39 @@ class OutboundRouter:
         labels: dict[str, str],
         tried: list[tuple[str, int]],
     ) -> httpproxy.Target | httpproxy.Reject:
-        picked = self.pick(entry, labels, tried)
+        handle = self._balanced(entry, labels, tried)
+        if isinstance(handle, Refusal):
+            return httpproxy.reject(handle.status, handle.message)
+        lane = self._lane
+        if (
+            lane is not None
+            and lane.head is head
+            and lane.stats is handle.stats
+            and lane.gen == self.worker.state.generation
+            and lane.fresh()
+        ):
+            return lane.target(handle, tried)
+        picked = self._hop(handle, labels, tried)
         if isinstance(picked, Refusal):
             return httpproxy.reject(picked.status, picked.message)
-        handle, choice = picked
+        choice = picked[1]
+        counted = None
         if choice.hop.kind == "local":
-            denied = self._authorize_local(choice, head)
-            if denied is not None:
+            policy_key, facts = choice.authz or self.local_policy(choice)
+            decision, counted = inbound.authorize_http(
+                self.worker,
+                policy_key,
+                head.method,
+                head.target,
+                cache=self.authz_cache,
+                token=head,
+                **facts,
+            )
+            if not decision.allowed:
                 handle.cancel()
-                return denied
-        return httpproxy.Target(
-            key=choice.hop.key,
-            open=choice.open,
-            rewrite=choice.rewrite,
-            handle=handle,
-            labels=choice.labels,
-        )
+                return inbound.deny_answer(decision, head.headers)
+        self._lane = _Lane(head, self.worker.state.generation, handle.stats, choice, counted)
+        return _target(choice, handle)
 
     # --- protocol-neutral steps (HTTP/1 above, HTTP/2 in agent.proxy.h2route) ---
 
@@ -288,9 +308,18 @@ class OutboundRouter:
         self, entry: DstEntry, labels: dict[str, str], tried: list[tuple[str, int]]
     ) -> tuple[Handle, _Choice] | Refusal:
         """A balanced endpoint not in `tried` (appended to it) and the hop to it."""
+        handle = self._balanced(entry, labels, tried)
+        return handle if isinstance(handle, Refusal) else self._hop(handle, labels, tried)
+
+    def _balanced(
+        self, entry: DstEntry, labels: dict[str, str], tried: list[tuple[str, int]]
+    ) -> Handle | Refusal:
         handle = entry.balancer.pick(self.loop.time(), self.plane.rng, tried)
-        if handle is None:
-            return Refusal(503, f"no endpoints for {labels['authority']}")
+        return Refusal(503, f"no endpoints for {labels['authority']}") if handle is None else handle
+
+    def _hop(
+        self, handle: Handle, labels: dict[str, str], tried: list[tuple[str, int]]
+    ) -> tuple[Handle, _Choice] | Refusal:
         ep = handle.endpoint
         tried.append(ep.addr)
         choice = self._choice(ep, labels)
@@ -319,19 +348,6 @@ class OutboundRouter:
             }
             choice.authz = ((POLICY, peer.key, port), facts)
         return choice.authz
-
-    def _authorize_local(self, choice: _Choice, head: http1.RequestHead) -> httpproxy.Reject | None:
-        policy_key, facts = choice.authz or self.local_policy(choice)
-        decision = inbound.authorize_http(
-            self.worker,
-            policy_key,
-            head.method,
-            head.target,
-            cache=self.authz_cache,
-            token=head,
-            **facts,
-        )
-        return None if decision.allowed else inbound.deny_answer(decision, head.headers)
 
     def _choice(self, ep: Endpoint, labels: dict[str, str]) -> _Choice | UpstreamError:
         """The hop to `ep` and what a Target needs, reused while the state it read is the same."""
@@ -440,6 +456,54 @@ class _Choice:
         self.rewrite = rewrite
         self.labels = labels
         self.authz: tuple[tuple[str, str, int], dict[str, Any]] | None = None  # local hops
+
+
+class _Lane:
+    """The last HTTP/1 request's decision, for the next identical head on the connection.
+
+    A request with the same head object (the parser hands out one per distinct head),
+    in the same state generation, for which the balancer picked the same endpoint,
+    reuses the hop and the same-node authorization; the balancer still picks every
+    request, and the authorization is still counted (under the labels it was decided
+    with). A certificate that expired since ends the lane as it ends `_Choice` reuse.
+    """
+
+    __slots__ = ("choice", "counted", "gen", "head", "stats")
+
+    def __init__(
+        self,
+        head: http1.RequestHead,
+        gen: int,
+        stats: EndpointStats,
+        choice: _Choice,
+        counted: dict[str, str] | None,
+    ) -> None:
+        self.head = head
+        self.gen = gen
+        self.stats = stats
+        self.choice = choice
+        self.counted = counted  # the authz labels of a same-node hop: counted again per request
+
+    def fresh(self) -> bool:
+        material = self.choice.material
+        return material is None or material.not_after > time.time()
+
+    def target(self, handle: Handle, tried: list[tuple[str, int]]) -> httpproxy.Target:
+        choice = self.choice
+        tried.append(choice.ep.addr)
+        if self.counted is not None:
+            recorder().authz(self.counted, allowed=True, http=True)
+        return _target(choice, handle)
+
+
+def _target(choice: _Choice, handle: Handle) -> httpproxy.Target:
+    return httpproxy.Target(
+        key=choice.hop.key,
+        open=choice.open,
+        rewrite=choice.rewrite,
+        handle=handle,
+        labels=choice.labels,
+    )
 
 
 def _client_id(identity: str | None) -> Any:

@@ -59,6 +59,7 @@ VIP_LOCAL = "10.96.0.11"  # service on node n1 (same-node path)
 VIP_ECHO = "10.96.0.12"  # opaque echo on n2
 VIP_TWO = "10.96.0.13"  # two endpoints on n2 (removal, retries, timeouts)
 VIP_WRONG = "10.96.0.14"  # endpoint claims another identity
+VIP_LANE = "10.96.0.15"  # a good and a failing endpoint on n2 (identical requests)
 VIP_RETRY = "10.96.0.16"  # a good and a failing endpoint on n2
 VIP_DETECT = "10.96.0.17"  # echo on n2, protocol detected (not marked opaque)
 VIP_HC_REMOTE = "10.96.0.18"  # opaque delayed echo on n2 (half-close across nodes, mTLS)
@@ -745,6 +746,25 @@ async def test_retryable_route_hides_a_failing_endpoint(world):
         c.close()
     assert statuses == [200] * 40
     assert len([h for h in world.hits if h[0] == "web2:8082"]) > before  # the bad one was tried
+
+
+async def test_identical_requests_on_one_connection_are_balanced_one_by_one(world):
+    """The outbound lane (one decision reused for a repeated head) still lets the balancer
+    pick per request: failure accrual moves the same request to the other endpoint."""
+    key = ("dst", f"{VIP_LANE}:80")
+    # web2:8081 answers one slow request first: its Peak-EWMA cost jumps to ~1 s, so the
+    # balancer prefers the failing web2:8082 until accrual ejects it (7 failures).
+    world.push("n1", key, _two(world, ports=(8081,), vip=VIP_LANE))
+    c = await Client.connect(world.pods["a"], (VIP_LANE, 80))
+    try:
+        assert (await c.request("/slow"))[0] == 200
+        world.push("n1", key, _two(world, ports=(8082, 8081), vip=VIP_LANE))
+        await asyncio.sleep(0.3)  # the broadcast reaches the worker
+        answers = [await c.request("/fail/same") for _ in range(20)]
+    finally:
+        c.close()
+    got = [(status, json.loads(body)["server"]) for status, _, body in answers]
+    assert got == [(500, "web2:8082")] * 7 + [(200, "web2:8081")] * 13
 
 
 async def test_route_timeout_answers_504(world):

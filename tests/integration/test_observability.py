@@ -79,6 +79,16 @@ for path in sys.argv[1:]:
     print(code)
 """.replace("SVC", repr(SVC))
 
+KEEPALIVE = """\
+import http.client, sys
+conn = http.client.HTTPConnection(HOST, 80, timeout=5)
+for path in sys.argv[1:]:
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    resp.read()
+    print(resp.status)
+""".replace("HOST", repr(urllib.parse.urlsplit(SVC).hostname))
+
 
 def drive(lp, paths: list[str]) -> list[int]:
     out = lp.run([sys.executable, "-c", DRIVE, *paths], check=True, timeout=60).stdout
@@ -269,6 +279,24 @@ def test_known_traffic_gives_exact_counters_with_full_labels_and_a_promql_succes
     dump = mesh.admin("/config_dump")[1]
     assert b"PRIVATE KEY" not in dump
     assert b"BEGIN" not in dump or b"CERTIFICATE" in dump
+
+
+def test_identical_requests_on_one_connection_are_each_counted(mesh: Mesh) -> None:
+    """The outbound lane reuses one decision for a repeated head: every request still counts."""
+    paths = ["/status/200"] * 12 + ["/status/500"] * 3
+    argv = [sys.executable, "-c", KEEPALIVE, *paths]
+    out = mesh.client.run(argv, check=True, timeout=60).stdout  # type: ignore[attr-defined]
+    assert [int(x) for x in out.split()] == [200] * 12 + [500] * 3
+
+    def counted():
+        s = scrape(mesh)
+        return s if value(s, "response_total", direction="outbound") == 15 else None
+
+    s = wait_for("15 responses counted", counted, timeout=10)
+    assert value(s, "tcp_open_total", direction="outbound", pod="client") == 1  # one connection
+    assert value(s, "request_total", direction="outbound") == 15
+    assert value(s, "response_total", direction="outbound", classification="failure") == 3
+    assert value(s, "inbound_http_authz_allow_total", pod="web") == 15
 
 
 def test_counters_never_go_backwards_when_a_worker_is_killed(mesh: Mesh) -> None:

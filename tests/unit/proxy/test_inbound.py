@@ -158,11 +158,13 @@ def worker():
 
 
 def test_decides_by_method_and_path_without_the_query_and_counts_each(worker, counted):
-    allowed = authorize_http(worker, KEY, b"GET", b"/items/1?x=2", **FACTS)
+    allowed, labels = authorize_http(worker, KEY, b"GET", b"/items/1?x=2", **FACTS)
+    assert labels["pod"] == "web"
+    assert labels["route_name"] == "items"
     assert allowed.allowed
     assert allowed.route is not None
     assert allowed.route.name == "items"
-    no_route = authorize_http(worker, KEY, b"POST", b"/items/1", **FACTS)
+    no_route, _ = authorize_http(worker, KEY, b"POST", b"/items/1", **FACTS)
     assert not no_route.allowed
     assert no_route.reason is Reason.NO_ROUTE
     assert [a for _, a in counted.calls] == [True, False]
@@ -172,10 +174,13 @@ def test_a_repeated_head_is_counted_every_time_and_sees_a_policy_change(worker, 
     cache = AuthzCache()
     head = object()  # the parser's head object: one per distinct head
     for _ in range(3):
-        assert authorize_http(worker, KEY, b"GET", b"/items/1", cache=cache, token=head, **FACTS)
+        decision, _ = authorize_http(
+            worker, KEY, b"GET", b"/items/1", cache=cache, token=head, **FACTS
+        )
+        assert decision.allowed
     assert len(counted.calls) == 3
     worker.state.apply(ch.StateUpdate(key=KEY, value=WEB_ONLY))
-    denied = authorize_http(worker, KEY, b"GET", b"/items/1", cache=cache, token=head, **FACTS)
+    denied, _ = authorize_http(worker, KEY, b"GET", b"/items/1", cache=cache, token=head, **FACTS)
     assert not denied.allowed
     assert denied.reason is Reason.UNAUTHORIZED
     assert counted.calls[-1][1] is False
@@ -183,18 +188,18 @@ def test_a_repeated_head_is_counted_every_time_and_sees_a_policy_change(worker, 
 
 def test_a_stream_without_a_token_uses_the_cache_until_the_policy_object_changes(worker, counted):
     cache = AuthzCache()
-    first = authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS)
-    again = authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS)
+    first, _ = authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS)
+    again, _ = authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS)
     assert again is first  # the cached decision
     worker.state.apply(ch.StateUpdate(key="unrelated", value=1))  # the policy object stays
-    assert authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS) is first
+    assert authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS)[0] is first
     worker.state.apply(ch.StateUpdate(key=KEY, value=WEB_ONLY))
-    assert not authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS).allowed
+    assert not authorize_http(worker, KEY, b"GET", b"/items/7", cache=cache, **FACTS)[0].allowed
     assert [a for _, a in counted.calls] == [True, True, True, False]
 
 
 def test_the_verified_identity_is_what_a_mesh_only_policy_admits(worker, counted):
     worker.state.apply(ch.StateUpdate(key=KEY, value=WEB_ONLY))
     facts = {**FACTS, "identity": WEB, "tls": True}
-    assert authorize_http(worker, KEY, b"GET", b"/items/1", **facts).allowed
-    assert not authorize_http(worker, KEY, b"GET", b"/items/1", **FACTS).allowed
+    assert authorize_http(worker, KEY, b"GET", b"/items/1", **facts)[0].allowed
+    assert not authorize_http(worker, KEY, b"GET", b"/items/1", **FACTS)[0].allowed
