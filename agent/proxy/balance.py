@@ -207,16 +207,11 @@ class Balancer:
             a, b = candidates[i], candidates[j]
             decay = self.decay_s
             chosen = a if a.cost(now, decay) <= b.cost(now, decay) else b
-        return self._dispatch(chosen, now, rng)
-
-    def _dispatch(self, stats: EndpointStats, now: float, rng: Rng) -> Handle:
-        stats.pending += 1
-        if stats.updated_at is None:
-            stats.updated_at = now  # the estimate's clock starts with its first request
-        probe = False
-        if self._unhealthy:
-            probe = stats.accrual.dispatch(now)
-        return Handle(self, stats, now, rng, probe)
+        chosen.pending += 1
+        if chosen.updated_at is None:
+            chosen.updated_at = now  # the estimate's clock starts with its first request
+        probe = chosen.accrual.dispatch(now) if self._unhealthy else False
+        return Handle(self, chosen, now, rng, probe)
 
     def _health_changed(self, stats: EndpointStats, before: State) -> None:
         if not stats.member:

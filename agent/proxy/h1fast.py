@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
-from agent.proxy import h1msg, http1
+from agent.proxy import h1msg, http1, record
 from agent.proxy.h1plan import Plan, Reject, Target, reject
 from agent.proxy.http1 import (
     BodyData,
@@ -245,7 +245,7 @@ class CallbackExchange:
             conn.pool.release(up)  # closes it when not reusable
         else:
             up.close()
-        recorder().exchange(
+        record.RECORDER.exchange(
             conn.router.direction,
             target.labels,
             status=resp.status,

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
 from agent.policy.authorize import Facts
-from agent.proxy import h1msg, h2route, http1, httpproxy, inbound
+from agent.proxy import h1msg, h2route, http1, httpproxy, inbound, record
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NeedMore, Protocol, detect
 from agent.proxy.plane import DstEntry, plane_of, read_prefix
@@ -218,18 +218,21 @@ class OutboundRouter:
         labels: dict[str, str],
         tried: list[tuple[str, int]],
     ) -> httpproxy.Target | httpproxy.Reject:
-        handle = self._balanced(entry, labels, tried)
-        if isinstance(handle, Refusal):
-            return httpproxy.reject(handle.status, handle.message)
+        handle = entry.balancer.pick(self.loop.time(), self.plane.rng, tried)
+        if handle is None:
+            return httpproxy.reject(503, _no_endpoints(labels))
         lane = self._lane
         if (
             lane is not None
             and lane.head is head
             and lane.stats is handle.stats
             and lane.gen == self.worker.state.generation
-            and lane.fresh()
+            and (lane.expires is None or lane.expires > time.time())
         ):
-            return lane.target(handle, tried)
+            tried.append(lane.stats.endpoint.addr)
+            if lane.counted is not None:
+                record.RECORDER.authz(lane.counted, allowed=True, http=True)
+            return lane.target(handle)
         picked = self._hop(handle, labels, tried)
         if isinstance(picked, Refusal):
             return httpproxy.reject(picked.status, picked.message)
@@ -249,8 +252,9 @@ class OutboundRouter:
             if not decision.allowed:
                 handle.cancel()
                 return inbound.deny_answer(decision, head.headers)
-        self._lane = _Lane(head, self.worker.state.generation, handle.stats, choice, counted)
-        return _target(choice, handle)
+        lane = _Lane(head, self.worker.state.generation, handle.stats, choice, counted)
+        self._lane = lane
+        return lane.target(handle)
 
     # --- protocol-neutral steps (HTTP/1 above, HTTP/2 in agent.proxy.h2route) ---
 
@@ -308,14 +312,10 @@ class OutboundRouter:
         self, entry: DstEntry, labels: dict[str, str], tried: list[tuple[str, int]]
     ) -> tuple[Handle, _Choice] | Refusal:
         """A balanced endpoint not in `tried` (appended to it) and the hop to it."""
-        handle = self._balanced(entry, labels, tried)
-        return handle if isinstance(handle, Refusal) else self._hop(handle, labels, tried)
-
-    def _balanced(
-        self, entry: DstEntry, labels: dict[str, str], tried: list[tuple[str, int]]
-    ) -> Handle | Refusal:
         handle = entry.balancer.pick(self.loop.time(), self.plane.rng, tried)
-        return Refusal(503, f"no endpoints for {labels['authority']}") if handle is None else handle
+        if handle is None:
+            return Refusal(503, _no_endpoints(labels))
+        return self._hop(handle, labels, tried)
 
     def _hop(
         self, handle: Handle, labels: dict[str, str], tried: list[tuple[str, int]]
@@ -463,12 +463,13 @@ class _Lane:
 
     A request with the same head object (the parser hands out one per distinct head),
     in the same state generation, for which the balancer picked the same endpoint,
-    reuses the hop and the same-node authorization; the balancer still picks every
-    request, and the authorization is still counted (under the labels it was decided
-    with). A certificate that expired since ends the lane as it ends `_Choice` reuse.
+    reuses the hop and the same-node authorization (`OutboundRouter._choose`); the
+    balancer still picks every request, and the authorization is still counted (under
+    the labels it was decided with). A certificate that expired since ends the lane as
+    it ends `_Choice` reuse.
     """
 
-    __slots__ = ("choice", "counted", "gen", "head", "stats")
+    __slots__ = ("choice", "counted", "expires", "gen", "head", "stats")
 
     def __init__(
         self,
@@ -483,27 +484,21 @@ class _Lane:
         self.stats = stats
         self.choice = choice
         self.counted = counted  # the authz labels of a same-node hop: counted again per request
+        self.expires = choice.material.not_after if choice.material is not None else None
 
-    def fresh(self) -> bool:
-        material = self.choice.material
-        return material is None or material.not_after > time.time()
-
-    def target(self, handle: Handle, tried: list[tuple[str, int]]) -> httpproxy.Target:
+    def target(self, handle: Handle) -> httpproxy.Target:
         choice = self.choice
-        tried.append(choice.ep.addr)
-        if self.counted is not None:
-            recorder().authz(self.counted, allowed=True, http=True)
-        return _target(choice, handle)
+        return httpproxy.Target(
+            key=choice.hop.key,
+            open=choice.open,
+            rewrite=choice.rewrite,
+            handle=handle,
+            labels=choice.labels,
+        )
 
 
-def _target(choice: _Choice, handle: Handle) -> httpproxy.Target:
-    return httpproxy.Target(
-        key=choice.hop.key,
-        open=choice.open,
-        rewrite=choice.rewrite,
-        handle=handle,
-        labels=choice.labels,
-    )
+def _no_endpoints(labels: dict[str, str]) -> str:
+    return f"no endpoints for {labels['authority']}"
 
 
 def _client_id(identity: str | None) -> Any:
