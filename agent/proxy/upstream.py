@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agent.errors import AgentError, PKIError
 from agent.identity import tls as idtls
@@ -130,39 +130,28 @@ async def open_transport(  # noqa: PLR0913 - keyword-only connection facts
     ssl_ctx: ssl.SSLContext | None = None,
     expect_identity: str | None = None,
 ) -> tuple[asyncio.Transport, asyncio.Protocol]:
-    """Connect from `netns` to `addr`, with mTLS when `ssl_ctx` is given.
+    """Connect from `netns` to `addr`, with mTLS when `ssl_ctx` is given (`open_tls`).
 
     With TLS, SNI is `expect_identity` and the server must present exactly it.
 
     Raises:
         UpstreamError: connect, handshake or identity check failed (status 502).
     """
-    sock = await connect_socket(worker, netns, addr)
-    loop = asyncio.get_running_loop()
-    where = f"{addr[0]}:{addr[1]}"
-    try:
-        if ssl_ctx is None:
-            transport, proto = await loop.create_connection(factory, sock=sock)
-        else:
-            transport, proto = await loop.create_connection(
-                factory,
-                sock=sock,
-                ssl=ssl_ctx,
-                server_hostname=expect_identity,
-                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
-            )
-    except (OSError, TimeoutError) as exc:
-        sock.close()
-        reason = f"tls handshake: {exc!r}" if ssl_ctx else f"connect: {exc!r}"
-        raise UpstreamError(where, reason) from exc
-    tr: Any = transport
     if ssl_ctx is not None:
-        obj = tr.get_extra_info("ssl_object")
-        got = idtls.peer_identity(obj) if obj is not None else None
-        if got != expect_identity:
-            tr.abort()
-            raise UpstreamError(where, f"server identity {got!r} is not {expect_identity!r}")
-    return tr, proto
+        tlsx = await open_tls(
+            worker, netns=netns, addr=addr, ssl_ctx=ssl_ctx, expect_identity=expect_identity
+        )
+        proto = factory()
+        tlsx.set_protocol(proto)
+        proto.connection_made(tlsx)
+        tlsx.resume_reading()
+        return tlsx, proto
+    sock = await connect_socket(worker, netns, addr)
+    try:
+        return await asyncio.get_running_loop().create_connection(factory, sock=sock)
+    except OSError as exc:
+        sock.close()
+        raise UpstreamError(f"{addr[0]}:{addr[1]}", f"connect: {exc!r}") from exc
 
 
 TransportOpener = Callable[
@@ -317,15 +306,14 @@ async def start_relay(  # noqa: PLR0913 - keyword-only connection facts
     relay = Relay(idle_timeout=worker.idle_timeout)
     relay.attach(downstream, prefix, eof=eof)
     try:
-        if ssl_ctx is None:
-            await open_transport(worker, relay.upstream_protocol, netns=netns, addr=addr)
-        else:
-            tlsx = await open_tls(
-                worker, netns=netns, addr=addr, ssl_ctx=ssl_ctx, expect_identity=expect_identity
-            )
-            tlsx.set_protocol(relay.upstream)
-            relay.upstream.connection_made(tlsx)
-            tlsx.resume_reading()
+        await open_transport(
+            worker,
+            relay.upstream_protocol,
+            netns=netns,
+            addr=addr,
+            ssl_ctx=ssl_ctx,
+            expect_identity=expect_identity,
+        )
     except BaseException:
         relay.abort()
         raise
@@ -343,8 +331,10 @@ async def open_tls(
 ) -> TlsTransport:
     """An mTLS client transport (reading paused, no protocol yet) that can half-close.
 
-    The relay path uses this rather than the loop's TLS transport, which cannot
-    send close_notify while still reading (issue 4: half-close over mTLS).
+    Every mTLS upstream (HTTP pools, h2, the relay) uses this rather than the loop's
+    TLS transport, which cannot send close_notify while still reading (issue 4:
+    half-close over mTLS) and, in uvloop, maps and unmaps a read buffer per TLS
+    read (three more syscalls per response; agent.proxy.tlsio's READ_CHUNK).
 
     Raises:
         UpstreamError: connect, handshake or identity check failed (status 502).
