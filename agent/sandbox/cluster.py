@@ -18,7 +18,7 @@ Rules:
 4. Pod IPs are the node CIDR's hosts after the gateway (the first host), in
    placement order. ClusterIPs are taken from `SERVICE_CIDR` in Service order,
    keeping any valid clusterIP a manifest sets.
-5. No I/O; the shell (`agent.sandbox.run`) creates what the plan describes.
+5. No I/O; the shell (`agent.sandbox.build`) creates what the plan describes.
 """
 
 from __future__ import annotations
