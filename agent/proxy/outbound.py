@@ -227,7 +227,7 @@ class OutboundRouter:
             and lane.head is head
             and lane.stats is handle.stats
             and lane.gen == self.worker.state.generation
-            and (lane.expires is None or lane.expires > time.time())
+            and (lane.choice.expires is None or lane.choice.expires > time.time())
         ):
             tried.append(lane.stats.endpoint.addr)
             if lane.counted is not None:
@@ -360,7 +360,7 @@ class OutboundRouter:
             and got.gen == gen
             and got.ep is ep
             and got.base is labels
-            and (got.material is None or got.material.not_after > time.time())
+            and (got.expires is None or got.expires > time.time())
         ):
             return got
         peer_key = state.get((POD_IP, ep.addr[0]))
@@ -377,7 +377,7 @@ class OutboundRouter:
             and got.base is labels
             and got.peer is peer
             and got.material is material
-            and (material is None or material.not_after > time.time())
+            and (got.expires is None or got.expires > time.time())
         ):
             got.gen = gen
             return got
@@ -424,6 +424,7 @@ class _Choice:
         "authz",
         "base",
         "ep",
+        "expires",
         "gen",
         "hop",
         "labels",
@@ -451,6 +452,7 @@ class _Choice:
         self.base = base
         self.peer = peer
         self.material = material
+        self.expires = material.not_after if material is not None else None  # of the source cert
         self.hop = hop
         self.open = open
         self.rewrite = rewrite
@@ -469,7 +471,7 @@ class _Lane:
     it ends `_Choice` reuse.
     """
 
-    __slots__ = ("choice", "counted", "expires", "gen", "head", "stats")
+    __slots__ = ("choice", "counted", "gen", "head", "stats")
 
     def __init__(
         self,
@@ -484,7 +486,6 @@ class _Lane:
         self.stats = stats
         self.choice = choice
         self.counted = counted  # the authz labels of a same-node hop: counted again per request
-        self.expires = choice.material.not_after if choice.material is not None else None
 
     def target(self, handle: Handle) -> httpproxy.Target:
         choice = self.choice
