@@ -61,12 +61,7 @@ class _RawSide(asyncio.Protocol):
         self.tls = tls
 
     def data_received(self, data: bytes) -> None:
-        tls = self.tls
-        tls._in.write(data)  # noqa: SLF001 - same module
-        if tls._ready:  # noqa: SLF001
-            tls._deliver()  # noqa: SLF001
-        else:
-            tls._step()  # noqa: SLF001
+        self.tls._raw_data(data)  # noqa: SLF001 - same module
 
     def eof_received(self) -> bool:
         return self.tls._raw_eof()  # noqa: SLF001
@@ -107,7 +102,6 @@ class TlsTransport(asyncio.Transport):
         )
         self._proto: asyncio.Protocol | None = None
         self._done: asyncio.Future[None] = self._loop.create_future()
-        self._ready = False  # the handshake completed (`_done` as a plain flag, per record)
         self._paused = False
         self._closing = False
         self._eof = False  # the peer's close_notify (or EOF) was delivered
@@ -152,7 +146,6 @@ class TlsTransport(asyncio.Transport):
             self._fail(str(exc))
             return
         self._flush()
-        self._ready = True
         self._done.set_result(None)
 
     def _fail(self, reason: str) -> None:
@@ -163,6 +156,10 @@ class TlsTransport(asyncio.Transport):
         self._raw.close()
 
     # --- raw side ------------------------------------------------------------
+
+    def _raw_data(self, data: bytes) -> None:
+        self._in.write(data)
+        self._step()
 
     def _raw_eof(self) -> bool:
         if not self._done.done():
@@ -184,7 +181,7 @@ class TlsTransport(asyncio.Transport):
         """Hand decrypted bytes to the protocol while it reads."""
         self._deliver_soon = False
         proto = self._proto
-        if proto is None or not self._ready or self._lost:
+        if proto is None or not self._done.done() or self._lost:
             return
         while not self._paused and not self._eof:
             try:
@@ -204,8 +201,7 @@ class TlsTransport(asyncio.Transport):
             proto.data_received(data)
             if not self._in.pending and not self._obj.pending() and not self._in.eof:
                 break  # nothing left to decrypt: skip the read that would raise SSLWantReadError
-        if self._out.pending:  # reading may answer (TLS 1.3 post-handshake messages)
-            self._flush()
+        self._flush()
 
     def _flush(self) -> None:
         if self._out.pending and not self._raw.is_closing():
