@@ -38,8 +38,8 @@ from grpc_reflection.v1alpha import reflection
 from agent._proto import destination_pb2_grpc, inbound_pb2_grpc
 from agent.controlplane import destination as dst
 from agent.controlplane import identity_service, servers, tokens
+from agent.controlplane import kinds_linkerd as l5d
 from agent.controlplane import policy as pol
-from agent.controlplane import resources as r
 from agent.controlplane.store import FolderWatcher, ResourceStore
 from agent.identity.ca import load_issuer
 
@@ -90,7 +90,7 @@ class ControlPlane:
         policy = servers.PolicyService(
             self.store,
             pol.PolicyConfig(
-                default_policy=r.AccessPolicy(s.default_inbound_policy),
+                default_policy=l5d.AccessPolicy(s.default_inbound_policy),
                 cluster_networks=s.cluster_networks,
                 control_ns=s.controlplane_namespace,
                 trust_domain=s.trust_domain,

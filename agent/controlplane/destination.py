@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from agent._proto import destination_pb2 as pb
 from agent._proto import net_pb2
+from agent.controlplane import kinds_core as k8s
 from agent.controlplane import resources as r
 from agent.controlplane.endpoints import PodRef, opaque_ports
 
@@ -203,7 +204,7 @@ class EndpointSet:
 NOT_FOUND = EndpointSet(exists=False)
 
 
-def port_set(text: str | None, pod: r.Pod | None) -> frozenset[int]:
+def port_set(text: str | None, pod: k8s.Pod | None) -> frozenset[int]:
     if not text:
         return frozenset()
     try:
@@ -219,15 +220,15 @@ def port_set(text: str | None, pod: r.Pod | None) -> frozenset[int]:
     return frozenset(ports)
 
 
-def _owner_labels(snap: Catalog, pod: r.Pod) -> dict[str, str]:
-    for dep in snap.of_kind(r.Deployment, pod.namespace):
+def _owner_labels(snap: Catalog, pod: k8s.Pod) -> dict[str, str]:
+    for dep in snap.of_kind(k8s.Deployment, pod.namespace):
         selective = dep.selector.match_labels or dep.selector.match_expressions
         if selective and dep.selector.matches(pod.labels):
             return {"deployment": dep.name}
     return {}
 
 
-def pod_endpoint(snap: Catalog, pod: r.Pod, ip: str, port: int, mesh: MeshConfig) -> Endpoint:
+def pod_endpoint(snap: Catalog, pod: k8s.Pod, ip: str, port: int, mesh: MeshConfig) -> Endpoint:
     """A pod's address described as Linkerd's endpoint translator does (rule 2)."""
     meshed = snap.is_meshed(pod)
     labels = {"pod": pod.name, "serviceaccount": pod.service_account, **_owner_labels(snap, pod)}
@@ -262,7 +263,7 @@ def _address_endpoint(snap: Catalog, addr: EndpointAddress, mesh: MeshConfig) ->
 
 
 def service_endpoints(
-    snap: Catalog, service: r.Service, port: int, mesh: MeshConfig, instance: str = ""
+    snap: Catalog, service: k8s.Service, port: int, mesh: MeshConfig, instance: str = ""
 ) -> EndpointSet:
     """The ready endpoints of a Service port (an instance name keeps only that hostname)."""
     labels = (("namespace", service.namespace), ("service", service.name))
@@ -288,7 +289,7 @@ def resolve(snap: Catalog, target: Target, mesh: MeshConfig) -> EndpointSet:
     service = snap.service(name.namespace, name.name)
     if service is None:
         return NOT_FOUND
-    if service.type is r.ServiceType.EXTERNAL_NAME:
+    if service.type is k8s.ServiceType.EXTERNAL_NAME:
         raise InvalidTarget(
             f"Invalid authority: {target.host}: ExternalName services have no endpoints"
         )

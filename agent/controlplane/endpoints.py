@@ -25,6 +25,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from agent.controlplane import kinds
+from agent.controlplane import kinds_core as k8s
+from agent.controlplane import kinds_linkerd as l5d
 from agent.controlplane import resources as r
 
 if TYPE_CHECKING:
@@ -68,7 +71,7 @@ def selector_matches(
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def is_meshed(pod: r.Pod, namespace: r.Namespace | None) -> bool:
+def is_meshed(pod: k8s.Pod, namespace: k8s.Namespace | None) -> bool:
     """Whether the pod gets the mesh (rule 3)."""
     if pod.host_network:
         return False
@@ -85,7 +88,7 @@ def _annotation(name: str, *objects: r.Object | None) -> str | None:
     return None
 
 
-def opaque_ports(obj: r.Pod | r.Service, namespace: r.Namespace | None) -> frozenset[int]:
+def opaque_ports(obj: k8s.Pod | k8s.Service, namespace: k8s.Namespace | None) -> frozenset[int]:
     """Opaque ports from the object's annotation, else its namespace's, else Linkerd's default.
 
     Port names in a pod's annotation resolve through its containers; for a
@@ -96,7 +99,7 @@ def opaque_ports(obj: r.Pod | r.Service, namespace: r.Namespace | None) -> froze
     for item in r.parse_port_list(text):
         if isinstance(item, r.PortRange):
             ports.update(range(item.first, item.last + 1))
-        elif isinstance(obj, r.Pod):
+        elif isinstance(obj, k8s.Pod):
             if (number := obj.port(item)) is not None:
                 ports.add(number)
         else:
@@ -105,11 +108,11 @@ def opaque_ports(obj: r.Pod | r.Service, namespace: r.Namespace | None) -> froze
 
 
 def default_inbound_policy(
-    pod: r.Pod, namespace: r.Namespace | None, cluster_default: r.AccessPolicy
-) -> r.AccessPolicy:
+    pod: k8s.Pod, namespace: k8s.Namespace | None, cluster_default: l5d.AccessPolicy
+) -> l5d.AccessPolicy:
     """The pod's default-inbound-policy annotation, else its namespace's, else the cluster's."""
     value = _annotation(r.DEFAULT_INBOUND_POLICY_ANNOTATION, pod, namespace)
-    return r.AccessPolicy(value) if value is not None else cluster_default
+    return l5d.AccessPolicy(value) if value is not None else cluster_default
 
 
 def parse_service_fqdn(
@@ -140,30 +143,30 @@ class Catalog:
 
     __slots__ = ("_by_cluster_ip", "_by_key", "_by_kind", "_by_pod_ip", "_slices", "objects")
 
-    def __init__(self, objects: Iterable[r.Resource]) -> None:
-        self.objects: tuple[r.Resource, ...] = tuple(objects)
-        by_kind: dict[type[r.Object], list[r.Resource]] = defaultdict(list)
-        self._by_key: dict[tuple[type[r.Object], str, str], r.Resource] = {}
-        self._by_pod_ip: dict[str, r.Pod] = {}
-        self._by_cluster_ip: dict[str, r.Service] = {}
-        slices: dict[tuple[str, str], list[r.EndpointSlice]] = defaultdict(list)
+    def __init__(self, objects: Iterable[kinds.Resource]) -> None:
+        self.objects: tuple[kinds.Resource, ...] = tuple(objects)
+        by_kind: dict[type[r.Object], list[kinds.Resource]] = defaultdict(list)
+        self._by_key: dict[tuple[type[r.Object], str, str], kinds.Resource] = {}
+        self._by_pod_ip: dict[str, k8s.Pod] = {}
+        self._by_cluster_ip: dict[str, k8s.Service] = {}
+        slices: dict[tuple[str, str], list[k8s.EndpointSlice]] = defaultdict(list)
         for obj in self.objects:
             by_kind[type(obj)].append(obj)
             self._by_key.setdefault((type(obj), obj.namespace, obj.name), obj)
-            if isinstance(obj, r.Pod):
+            if isinstance(obj, k8s.Pod):
                 self._index_pod(obj)
-            elif isinstance(obj, r.Service):
+            elif isinstance(obj, k8s.Service):
                 for ip in obj.cluster_ips or (obj.cluster_ip,):
                     if ip and ip != "None":
                         self._by_cluster_ip.setdefault(ip, obj)
-            elif isinstance(obj, r.EndpointSlice) and obj.service_name:
+            elif isinstance(obj, k8s.EndpointSlice) and obj.service_name:
                 slices[(obj.namespace, obj.service_name)].append(obj)
         self._by_kind = {
             k: tuple(sorted(v, key=lambda o: (o.namespace, o.name))) for k, v in by_kind.items()
         }
         self._slices = {k: tuple(v) for k, v in slices.items()}
 
-    def _index_pod(self, pod: r.Pod) -> None:
+    def _index_pod(self, pod: k8s.Pod) -> None:
         if pod.host_network:
             return  # a host-network pod's IP is the node's, not the pod's
         for ip in pod.status.pod_ips or ((pod.ip,) if pod.ip else ()):
@@ -185,66 +188,66 @@ class Catalog:
 
     # --- named lookups ------------------------------------------------------------
 
-    def namespace(self, name: str) -> r.Namespace | None:
+    def namespace(self, name: str) -> k8s.Namespace | None:
         """A Namespace by name."""
-        return self.get(r.Namespace, "", name)
+        return self.get(k8s.Namespace, "", name)
 
-    def pod(self, namespace: str, name: str) -> r.Pod | None:
+    def pod(self, namespace: str, name: str) -> k8s.Pod | None:
         """A Pod by namespace and name."""
-        return self.get(r.Pod, namespace, name)
+        return self.get(k8s.Pod, namespace, name)
 
-    def service(self, namespace: str, name: str) -> r.Service | None:
+    def service(self, namespace: str, name: str) -> k8s.Service | None:
         """A Service by namespace and name."""
-        return self.get(r.Service, namespace, name)
+        return self.get(k8s.Service, namespace, name)
 
-    def service_by_cluster_ip(self, ip: str) -> r.Service | None:
+    def service_by_cluster_ip(self, ip: str) -> k8s.Service | None:
         """The Service owning a cluster IP."""
         return self._by_cluster_ip.get(ip)
 
-    def pod_by_ip(self, ip: str) -> r.Pod | None:
+    def pod_by_ip(self, ip: str) -> k8s.Pod | None:
         """The pod with that IP (a live one preferred over a terminated one)."""
         return self._by_pod_ip.get(ip)
 
     def service_by_fqdn(
         self, host: str, cluster_domain: str = DEFAULT_CLUSTER_DOMAIN
-    ) -> r.Service | None:
+    ) -> k8s.Service | None:
         """`name.namespace.svc[.<domain>]` (a `hostname.` prefix allowed) -> Service."""
         parsed = parse_service_fqdn(host, cluster_domain)
         return self.service(parsed[0], parsed[1]) if parsed else None
 
     def service_profile(
         self,
-        service: r.Service,
+        service: k8s.Service,
         client_namespace: str = "",
         cluster_domain: str = DEFAULT_CLUSTER_DOMAIN,
-    ) -> r.ServiceProfile | None:
+    ) -> l5d.ServiceProfile | None:
         """A Service's ServiceProfile: in the client's namespace first, then the service's."""
         fqdn = f"{service.name}.{service.namespace}.svc.{cluster_domain}"
         for ns in (client_namespace, service.namespace):
-            if ns and (profile := self.get(r.ServiceProfile, ns, fqdn)) is not None:
+            if ns and (profile := self.get(l5d.ServiceProfile, ns, fqdn)) is not None:
                 return profile
         return None
 
-    def pod_namespace(self, pod: r.Pod) -> r.Namespace | None:
+    def pod_namespace(self, pod: k8s.Pod) -> k8s.Namespace | None:
         """The pod's Namespace object, if one was given."""
         return self.namespace(pod.namespace)
 
-    def is_meshed(self, pod: r.Pod) -> bool:
+    def is_meshed(self, pod: k8s.Pod) -> bool:
         """Whether the pod is meshed (module rule 3)."""
         return is_meshed(pod, self.namespace(pod.namespace))
 
     def pods_for(
         self, selector: r.LabelSelector | Mapping[str, str], namespace: str
-    ) -> tuple[r.Pod, ...]:
+    ) -> tuple[k8s.Pod, ...]:
         """Pods in a namespace whose labels the selector matches."""
         return tuple(
-            p for p in self.of_kind(r.Pod, namespace) if selector_matches(selector, p.labels)
+            p for p in self.of_kind(k8s.Pod, namespace) if selector_matches(selector, p.labels)
         )
 
     # --- endpoints -------------------------------------------------------------------
 
     def endpoints(
-        self, service: r.Service, port: int, protocol: str = "TCP"
+        self, service: k8s.Service, port: int, protocol: str = "TCP"
     ) -> tuple[EndpointAddress, ...]:
         """The endpoints of a Service port (module rule 1); () if it has no such port."""
         sport = service.port(port, protocol)
@@ -253,7 +256,7 @@ class Catalog:
         slices = self._slices.get((service.namespace, service.name))
         if slices:
             found = self._from_slices(service, sport, slices)
-        elif (eps := self.get(r.Endpoints, service.namespace, service.name)) is not None:
+        elif (eps := self.get(k8s.Endpoints, service.namespace, service.name)) is not None:
             found = self._from_endpoints(service, sport, eps)
         elif service.selector is not None:
             found = self._from_pods(service, sport)
@@ -262,7 +265,7 @@ class Catalog:
         unique = {(e.ip, e.port): e for e in found}
         return tuple(sorted(unique.values(), key=lambda e: (_ip_key(e.ip), e.port)))
 
-    def _from_pods(self, service: r.Service, sport: r.ServicePort) -> list[EndpointAddress]:
+    def _from_pods(self, service: k8s.Service, sport: k8s.ServicePort) -> list[EndpointAddress]:
         out: list[EndpointAddress] = []
         for pod in self.pods_for(service.selector or {}, service.namespace):
             if not pod.ip or pod.terminal:
@@ -279,7 +282,7 @@ class Catalog:
         return out
 
     def _from_endpoints(
-        self, service: r.Service, sport: r.ServicePort, eps: r.Endpoints
+        self, service: k8s.Service, sport: k8s.ServicePort, eps: k8s.Endpoints
     ) -> list[EndpointAddress]:
         out: list[EndpointAddress] = []
         for subset in eps.subsets:
@@ -302,7 +305,7 @@ class Catalog:
         return out
 
     def _from_slices(
-        self, service: r.Service, sport: r.ServicePort, slices: tuple[r.EndpointSlice, ...]
+        self, service: k8s.Service, sport: k8s.ServicePort, slices: tuple[k8s.EndpointSlice, ...]
     ) -> list[EndpointAddress]:
         out: list[EndpointAddress] = []
         for eps in slices:
@@ -323,16 +326,22 @@ class Catalog:
                         out.append(_with_zone(addr, ep.zone))
         return out
 
-    def _target_pod(self, ref: r.ObjectRef | None, namespace: str) -> r.Pod | PodRef | None:
+    def _target_pod(self, ref: r.ObjectRef | None, namespace: str) -> k8s.Pod | PodRef | None:
         if ref is None or ref.kind != "Pod" or not ref.name:
             return None
         ns = ref.namespace or namespace
         return self.pod(ns, ref.name) or PodRef(namespace=ns, name=ref.name)
 
     def _address(  # noqa: PLR0913, PLR0917 - the fields of one address
-        self, ip: str, port: int, ready: bool, pod: r.Pod | PodRef | None, node: str, hostname: str
+        self,
+        ip: str,
+        port: int,
+        ready: bool,
+        pod: k8s.Pod | PodRef | None,
+        node: str,
+        hostname: str,
     ) -> EndpointAddress:
-        if isinstance(pod, r.Pod):
+        if isinstance(pod, k8s.Pod):
             return EndpointAddress(
                 ip=ip,
                 port=port,
@@ -349,7 +358,7 @@ class Catalog:
 
     # --- policy -------------------------------------------------------------------------
 
-    def servers_for(self, pod: r.Pod, port: int) -> tuple[r.Server, ...]:
+    def servers_for(self, pod: k8s.Pod, port: int) -> tuple[l5d.Server, ...]:
         """Servers in the pod's namespace selecting it on `port` (a number, or a name for it).
 
         Sorted by name; with several, Linkerd uses the oldest, and manifests have
@@ -357,37 +366,37 @@ class Catalog:
         """
         return tuple(
             srv
-            for srv in self.of_kind(r.Server, pod.namespace)
+            for srv in self.of_kind(l5d.Server, pod.namespace)
             if srv.pod_selector.matches(pod.labels) and pod.port(srv.port) == port
         )
 
-    def server_authorizations(self, server: r.Server) -> tuple[r.ServerAuthorization, ...]:
+    def server_authorizations(self, server: l5d.Server) -> tuple[l5d.ServerAuthorization, ...]:
         """ServerAuthorizations naming the Server or selecting its labels."""
         return tuple(
             saz
-            for saz in self.of_kind(r.ServerAuthorization, server.namespace)
+            for saz in self.of_kind(l5d.ServerAuthorization, server.namespace)
             if saz.server_name == server.name
             or (saz.server_selector is not None and saz.server_selector.matches(server.labels))
         )
 
     def authorization_policies(
         self, namespace: str, kind: str, name: str
-    ) -> tuple[r.AuthorizationPolicy, ...]:
+    ) -> tuple[l5d.AuthorizationPolicy, ...]:
         """AuthorizationPolicies in `namespace` whose targetRef is that kind and name.
 
         Pass kind "Namespace" and the namespace's name for namespace-wide policies.
         """
         return tuple(
             ap
-            for ap in self.of_kind(r.AuthorizationPolicy, namespace)
+            for ap in self.of_kind(l5d.AuthorizationPolicy, namespace)
             if ap.target_ref.kind == kind and ap.target_ref.name == name
         )
 
-    def routes_for_server(self, server: r.Server) -> tuple[r.HTTPRoute, ...]:
+    def routes_for_server(self, server: l5d.Server) -> tuple[l5d.HTTPRoute, ...]:
         """HTTPRoutes (either API group) with a Server parentRef naming this Server."""
         return tuple(
             route
-            for route in self.of_kind(r.HTTPRoute)
+            for route in self.of_kind(l5d.HTTPRoute)
             if any(
                 p.kind == "Server"
                 and p.name == server.name
@@ -397,12 +406,12 @@ class Catalog:
         )
 
     def routes_for_service(
-        self, service: r.Service, port: int | None = None
-    ) -> tuple[r.HTTPRoute, ...]:
+        self, service: k8s.Service, port: int | None = None
+    ) -> tuple[l5d.HTTPRoute, ...]:
         """HTTPRoutes whose Service parentRef names this Service (and port, if the ref has one)."""
         return tuple(
             route
-            for route in self.of_kind(r.HTTPRoute)
+            for route in self.of_kind(l5d.HTTPRoute)
             if any(
                 p.kind == "Service"
                 and p.group in ("", "core")

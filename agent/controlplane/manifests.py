@@ -1,15 +1,16 @@
 """Kubernetes-format YAML manifests -> validated domain objects (the pydantic edge).
 
 `parse_text`/`load_file`/`load_folder` return `(objects, errors)`: objects are
-`agent.controlplane.resources` dataclasses, errors are `ManifestError`s
-locating each rejected document by file, document index, kind/name and field.
+`agent.controlplane.kinds.Resource`s (the `kinds_core` and `kinds_linkerd`
+dataclasses), errors are `ManifestError`s locating each rejected document by
+file, document index, kind/name and field.
 
 Rules:
 1. A bad document rejects only itself. A file is split at its `---` markers
    before parsing, so even broken YAML costs only the document it is in.
 2. pydantic lives only here and in `manifests_schema` (the document shapes);
    nothing it builds is returned: each kind's converter below turns a
-   validated model into a `resources` dataclass.
+   validated model into a `kinds_core`/`kinds_linkerd` dataclass.
 3. Document indexes are 0-based and count every document, empty ones too,
    as `yaml.safe_load_all` would. `kind: List` items keep their List's index
    and carry `items[i].` in front of their field.
@@ -28,6 +29,9 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import yaml
 from pydantic import ValidationError
 
+from agent.controlplane import kinds
+from agent.controlplane import kinds_core as k8s
+from agent.controlplane import kinds_linkerd as l5d
 from agent.controlplane import manifests_schema as schema
 from agent.controlplane import resources as r
 from agent.errors import ManifestError
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
 
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
-Loaded: TypeAlias = tuple[list[r.Resource], list[ManifestError]]
+Loaded: TypeAlias = tuple[list[kinds.Resource], list[ManifestError]]
 
 
 class _Invalid(Exception):  # noqa: N818 - internal signal, becomes ManifestError
@@ -84,18 +88,18 @@ def _containers(models: list[schema.Container]) -> tuple[r.Container, ...]:
     )
 
 
-def _networks(models: list[schema.Network]) -> tuple[r.Network, ...]:
-    return tuple(r.Network(cidr=n.cidr, except_=tuple(n.except_)) for n in models)
+def _networks(models: list[schema.Network]) -> tuple[l5d.Network, ...]:
+    return tuple(l5d.Network(cidr=n.cidr, except_=tuple(n.except_)) for n in models)
 
 
 # --- core kinds ---------------------------------------------------------------------------
 
 
-def _pod(doc: schema.PodDoc, base: dict[str, Any]) -> r.Pod:
+def _pod(doc: schema.PodDoc, base: dict[str, Any]) -> k8s.Pod:
     st = doc.status
     ready = any(c.type == "Ready" and c.status == "True" for c in st.conditions)
     ips = tuple(p.ip for p in st.pod_ips) or ((st.pod_ip,) if st.pod_ip else ())
-    return r.Pod(
+    return k8s.Pod(
         **base,
         service_account=doc.spec.service_account_name or doc.spec.service_account or "default",
         node_name=doc.spec.node_name,
@@ -103,8 +107,8 @@ def _pod(doc: schema.PodDoc, base: dict[str, Any]) -> r.Pod:
         subdomain=doc.spec.subdomain,
         host_network=doc.spec.host_network,
         containers=_containers(doc.spec.containers),
-        status=r.PodStatus(
-            phase=r.PodPhase(st.phase),
+        status=k8s.PodStatus(
+            phase=k8s.PodPhase(st.phase),
             pod_ip=st.pod_ip or (ips[0] if ips else ""),
             pod_ips=ips,
             host_ip=st.host_ip,
@@ -113,7 +117,7 @@ def _pod(doc: schema.PodDoc, base: dict[str, Any]) -> r.Pod:
     )
 
 
-def _deployment(doc: schema.DeploymentDoc, base: dict[str, Any]) -> r.Deployment:
+def _deployment(doc: schema.DeploymentDoc, base: dict[str, Any]) -> k8s.Deployment:
     spec = doc.spec
     selector = _selector(spec.selector)
     labels = r.FrozenMap(spec.template.metadata.labels)
@@ -122,11 +126,11 @@ def _deployment(doc: schema.DeploymentDoc, base: dict[str, Any]) -> r.Deployment
     if not selector.matches(labels):
         raise _Invalid("spec.selector", "selector does not match template labels")
     pod = spec.template.spec
-    return r.Deployment(
+    return k8s.Deployment(
         **base,
         replicas=spec.replicas,
         selector=selector,
-        template=r.PodTemplate(
+        template=k8s.PodTemplate(
             labels=labels,
             annotations=r.FrozenMap(spec.template.metadata.annotations),
             service_account=pod.service_account_name or pod.service_account or "default",
@@ -135,12 +139,12 @@ def _deployment(doc: schema.DeploymentDoc, base: dict[str, Any]) -> r.Deployment
     )
 
 
-def _service(doc: schema.ServiceDoc, base: dict[str, Any]) -> r.Service:
+def _service(doc: schema.ServiceDoc, base: dict[str, Any]) -> k8s.Service:
     spec = doc.spec
-    stype = r.ServiceType(spec.type)
-    if stype is r.ServiceType.EXTERNAL_NAME and not spec.external_name:
+    stype = k8s.ServiceType(spec.type)
+    if stype is k8s.ServiceType.EXTERNAL_NAME and not spec.external_name:
         raise _Invalid("spec.externalName", "an ExternalName Service needs externalName")
-    if stype is not r.ServiceType.EXTERNAL_NAME and spec.cluster_ip != "None" and not spec.ports:
+    if stype is not k8s.ServiceType.EXTERNAL_NAME and spec.cluster_ip != "None" and not spec.ports:
         raise _Invalid("spec.ports", "a Service needs at least one port")
     seen: set[str] = set()
     for i, port in enumerate(spec.ports):
@@ -154,14 +158,14 @@ def _service(doc: schema.ServiceDoc, base: dict[str, Any]) -> r.Service:
         if port.name in seen:
             raise _Invalid(f"spec.ports[{i}].name", f"duplicate port name {port.name!r}")
         seen.add(port.name)
-    return r.Service(
+    return k8s.Service(
         **base,
         type=stype,
         cluster_ip=spec.cluster_ip,
         cluster_ips=tuple(spec.cluster_ips) or ((spec.cluster_ip,) if spec.cluster_ip else ()),
         selector=r.FrozenMap(spec.selector) if spec.selector else None,
         ports=tuple(
-            r.ServicePort(
+            k8s.ServicePort(
                 port=p.port,
                 target_port=p.target_port if p.target_port is not None else p.port,
                 name=p.name,
@@ -176,22 +180,23 @@ def _service(doc: schema.ServiceDoc, base: dict[str, Any]) -> r.Service:
     )
 
 
-def _address(model: schema.EndpointsAddress) -> r.EndpointsAddress:
+def _address(model: schema.EndpointsAddress) -> k8s.EndpointsAddress:
     ref = _ref(model.target_ref) if model.target_ref else None
-    return r.EndpointsAddress(
+    return k8s.EndpointsAddress(
         ip=model.ip, hostname=model.hostname, node_name=model.node_name, target_ref=ref
     )
 
 
-def _endpoints(doc: schema.EndpointsDoc, base: dict[str, Any]) -> r.Endpoints:
-    return r.Endpoints(
+def _endpoints(doc: schema.EndpointsDoc, base: dict[str, Any]) -> k8s.Endpoints:
+    return k8s.Endpoints(
         **base,
         subsets=tuple(
-            r.EndpointsSubset(
+            k8s.EndpointsSubset(
                 addresses=tuple(_address(a) for a in s.addresses),
                 not_ready_addresses=tuple(_address(a) for a in s.not_ready_addresses),
                 ports=tuple(
-                    r.EndpointsPort(port=p.port, name=p.name, protocol=p.protocol) for p in s.ports
+                    k8s.EndpointsPort(port=p.port, name=p.name, protocol=p.protocol)
+                    for p in s.ports
                 ),
             )
             for s in doc.subsets
@@ -199,13 +204,13 @@ def _endpoints(doc: schema.EndpointsDoc, base: dict[str, Any]) -> r.Endpoints:
     )
 
 
-def _slice(doc: schema.SliceDoc, base: dict[str, Any]) -> r.EndpointSlice:
-    return r.EndpointSlice(
+def _slice(doc: schema.SliceDoc, base: dict[str, Any]) -> k8s.EndpointSlice:
+    return k8s.EndpointSlice(
         **base,
         service_name=doc.metadata.labels.get(r.SERVICE_NAME_LABEL, ""),
         address_type=doc.address_type,
         endpoints=tuple(
-            r.SliceEndpoint(
+            k8s.SliceEndpoint(
                 addresses=tuple(e.addresses),
                 ready=e.conditions.ready,
                 serving=e.conditions.serving,
@@ -218,13 +223,13 @@ def _slice(doc: schema.SliceDoc, base: dict[str, Any]) -> r.EndpointSlice:
             for e in doc.endpoints
         ),
         ports=tuple(
-            r.EndpointsPort(port=p.port, name=p.name, protocol=p.protocol) for p in doc.ports
+            k8s.EndpointsPort(port=p.port, name=p.name, protocol=p.protocol) for p in doc.ports
         ),
     )
 
 
 def _plain(
-    _doc: schema.Doc, base: dict[str, Any], cls: type[r.Namespace | r.ServiceAccount]
+    _doc: schema.Doc, base: dict[str, Any], cls: type[k8s.Namespace | k8s.ServiceAccount]
 ) -> Any:
     return cls(**base)
 
@@ -232,8 +237,8 @@ def _plain(
 # --- ServiceProfile -----------------------------------------------------------------------
 
 
-def _request_match(m: schema.RequestMatch) -> r.RequestMatch:
-    return r.RequestMatch(
+def _request_match(m: schema.RequestMatch) -> l5d.RequestMatch:
+    return l5d.RequestMatch(
         all=tuple(_request_match(x) for x in m.all),
         any=tuple(_request_match(x) for x in m.any),
         not_=_request_match(m.not_) if m.not_ else None,
@@ -242,9 +247,9 @@ def _request_match(m: schema.RequestMatch) -> r.RequestMatch:
     )
 
 
-def _response_match(m: schema.ResponseMatch) -> r.ResponseMatch:
-    status = r.StatusRange(min=m.status.min, max=m.status.max) if m.status else None
-    return r.ResponseMatch(
+def _response_match(m: schema.ResponseMatch) -> l5d.ResponseMatch:
+    status = l5d.StatusRange(min=m.status.min, max=m.status.max) if m.status else None
+    return l5d.ResponseMatch(
         all=tuple(_response_match(x) for x in m.all),
         any=tuple(_response_match(x) for x in m.any),
         not_=_response_match(m.not_) if m.not_ else None,
@@ -252,17 +257,19 @@ def _response_match(m: schema.ResponseMatch) -> r.ResponseMatch:
     )
 
 
-def _profile(doc: schema.ProfileDoc, base: dict[str, Any]) -> r.ServiceProfile:
+def _profile(doc: schema.ProfileDoc, base: dict[str, Any]) -> l5d.ServiceProfile:
     spec = doc.spec
     budget = spec.retry_budget
-    return r.ServiceProfile(
+    return l5d.ServiceProfile(
         **base,
         routes=tuple(
-            r.Route(
+            l5d.Route(
                 name=rt.name,
                 condition=_request_match(rt.condition),
                 response_classes=tuple(
-                    r.ResponseClass(condition=_response_match(c.condition), is_failure=c.is_failure)
+                    l5d.ResponseClass(
+                        condition=_response_match(c.condition), is_failure=c.is_failure
+                    )
                     for c in rt.response_classes
                 ),
                 is_retryable=rt.is_retryable,
@@ -270,7 +277,7 @@ def _profile(doc: schema.ProfileDoc, base: dict[str, Any]) -> r.ServiceProfile:
             )
             for rt in spec.routes
         ),
-        retry_budget=r.RetryBudget(
+        retry_budget=l5d.RetryBudget(
             retry_ratio=budget.retry_ratio,
             min_retries_per_second=budget.min_retries_per_second,
             ttl=budget.ttl,
@@ -279,7 +286,7 @@ def _profile(doc: schema.ProfileDoc, base: dict[str, Any]) -> r.ServiceProfile:
         else None,
         opaque_ports=tuple(p for text in spec.opaque_ports for p in r.parse_port_list(text)),
         dst_overrides=tuple(
-            r.WeightedDst(authority=d.authority, weight=d.weight) for d in spec.dst_overrides
+            l5d.WeightedDst(authority=d.authority, weight=d.weight) for d in spec.dst_overrides
         ),
     )
 
@@ -287,34 +294,34 @@ def _profile(doc: schema.ProfileDoc, base: dict[str, Any]) -> r.ServiceProfile:
 # --- policy.linkerd.io --------------------------------------------------------------------
 
 
-def _server(doc: schema.ServerDoc, base: dict[str, Any]) -> r.Server:
+def _server(doc: schema.ServerDoc, base: dict[str, Any]) -> l5d.Server:
     if doc.spec.pod_selector is None:
         raise _Invalid("spec.podSelector", "required (externalWorkloadSelector is not supported)")
-    return r.Server(
+    return l5d.Server(
         **base,
         pod_selector=_selector(doc.spec.pod_selector),
         port=doc.spec.port,
-        proxy_protocol=r.ProxyProtocol(doc.spec.proxy_protocol),
-        access_policy=r.AccessPolicy(doc.spec.access_policy),
+        proxy_protocol=l5d.ProxyProtocol(doc.spec.proxy_protocol),
+        access_policy=l5d.AccessPolicy(doc.spec.access_policy),
     )
 
 
-def _saz(doc: schema.SazDoc, base: dict[str, Any]) -> r.ServerAuthorization:
+def _saz(doc: schema.SazDoc, base: dict[str, Any]) -> l5d.ServerAuthorization:
     client = doc.spec.client
     if not client.unauthenticated and client.mesh_tls is None:
         raise _Invalid("spec.client", "meshTLS is required unless unauthenticated is true")
     tls = client.mesh_tls
-    return r.ServerAuthorization(
+    return l5d.ServerAuthorization(
         **base,
         server_name=doc.spec.server.name,
         server_selector=_selector(doc.spec.server.selector) if doc.spec.server.selector else None,
         networks=_networks(client.networks),
         unauthenticated=client.unauthenticated,
-        mesh_tls=r.MeshTLSClient(
+        mesh_tls=l5d.MeshTLSClient(
             unauthenticated_tls=tls.unauthenticated_tls,
             identities=tuple(tls.identities),
             service_accounts=tuple(
-                r.ServiceAccountRef(name=s.name, namespace=s.namespace)
+                l5d.ServiceAccountRef(name=s.name, namespace=s.namespace)
                 for s in tls.service_accounts
             ),
         )
@@ -327,7 +334,7 @@ _TARGET_KINDS = {"Server", "HTTPRoute", "GRPCRoute", "Namespace"}
 _AUTHN_KINDS = {"MeshTLSAuthentication", "NetworkAuthentication", "ServiceAccount"}
 
 
-def _authz(doc: schema.AuthzDoc, base: dict[str, Any]) -> r.AuthorizationPolicy:
+def _authz(doc: schema.AuthzDoc, base: dict[str, Any]) -> l5d.AuthorizationPolicy:
     target = doc.spec.target_ref
     if target.kind not in _TARGET_KINDS:
         raise _Invalid("spec.targetRef.kind", f"unsupported target kind {target.kind!r}")
@@ -338,54 +345,55 @@ def _authz(doc: schema.AuthzDoc, base: dict[str, Any]) -> r.AuthorizationPolicy:
             raise _Invalid(
                 f"spec.requiredAuthenticationRefs[{i}].kind", f"unsupported kind {ref.kind!r}"
             )
-    return r.AuthorizationPolicy(
+    return l5d.AuthorizationPolicy(
         **base,
         target_ref=_ref(target),
         required_authentication_refs=tuple(_ref(x) for x in doc.spec.required_authentication_refs),
     )
 
 
-def _meshtls_authn(doc: schema.MeshTLSAuthDoc, base: dict[str, Any]) -> r.MeshTLSAuthentication:
+def _meshtls_authn(doc: schema.MeshTLSAuthDoc, base: dict[str, Any]) -> l5d.MeshTLSAuthentication:
     spec = doc.spec
     if bool(spec.identities) == bool(spec.identity_refs):
         raise _Invalid("spec", "exactly one of identities and identityRefs is required")
     for i, ref in enumerate(spec.identity_refs):
         if ref.kind not in ("ServiceAccount", "Namespace"):
             raise _Invalid(f"spec.identityRefs[{i}].kind", f"unsupported kind {ref.kind!r}")
-    return r.MeshTLSAuthentication(
+    return l5d.MeshTLSAuthentication(
         **base,
         identities=tuple(spec.identities),
         identity_refs=tuple(_ref(x) for x in spec.identity_refs),
     )
 
 
-def _network_authn(doc: schema.NetworkAuthDoc, base: dict[str, Any]) -> r.NetworkAuthentication:
-    return r.NetworkAuthentication(**base, networks=_networks(doc.spec.networks))
+def _network_authn(doc: schema.NetworkAuthDoc, base: dict[str, Any]) -> l5d.NetworkAuthentication:
+    return l5d.NetworkAuthentication(**base, networks=_networks(doc.spec.networks))
 
 
 # --- HTTPRoute ----------------------------------------------------------------------------
 
 
-def _route_match(m: schema.RouteMatch) -> r.RouteMatch:
-    def values(items: list[schema.ValueMatch]) -> tuple[r.ValueMatch, ...]:
+def _route_match(m: schema.RouteMatch) -> l5d.RouteMatch:
+    def values(items: list[schema.ValueMatch]) -> tuple[l5d.ValueMatch, ...]:
         return tuple(
-            r.ValueMatch(name=v.name, value=v.value, type=r.ValueMatchType(v.type)) for v in items
+            l5d.ValueMatch(name=v.name, value=v.value, type=l5d.ValueMatchType(v.type))
+            for v in items
         )
 
     path = m.path or schema.PathMatch()
-    return r.RouteMatch(
-        path=r.PathMatch(type=r.PathMatchType(path.type), value=path.value),
+    return l5d.RouteMatch(
+        path=l5d.PathMatch(type=l5d.PathMatchType(path.type), value=path.value),
         headers=values(m.headers),
         query_params=values(m.query_params),
         method=m.method or "",
     )
 
 
-def _rule(rule: schema.RouteRule) -> r.RouteRule:
-    return r.RouteRule(
-        matches=tuple(_route_match(m) for m in rule.matches) or (r.RouteMatch(),),
+def _rule(rule: schema.RouteRule) -> l5d.RouteRule:
+    return l5d.RouteRule(
+        matches=tuple(_route_match(m) for m in rule.matches) or (l5d.RouteMatch(),),
         backend_refs=tuple(
-            r.BackendRef(
+            l5d.BackendRef(
                 name=b.name,
                 namespace=b.namespace,
                 port=b.port,
@@ -401,13 +409,13 @@ def _rule(rule: schema.RouteRule) -> r.RouteRule:
     )
 
 
-def _http_route(doc: schema.HTTPRouteDoc, base: dict[str, Any]) -> r.HTTPRoute:
+def _http_route(doc: schema.HTTPRouteDoc, base: dict[str, Any]) -> l5d.HTTPRoute:
     group = doc.api_version.partition("/")[0]
-    return r.HTTPRoute(
+    return l5d.HTTPRoute(
         **base,
         group=group,
         parent_refs=tuple(
-            r.ParentRef(
+            l5d.ParentRef(
                 name=p.name,
                 kind=p.kind,
                 group=group if p.group is None else p.group,
@@ -418,7 +426,7 @@ def _http_route(doc: schema.HTTPRouteDoc, base: dict[str, Any]) -> r.HTTPRoute:
             for p in doc.spec.parent_refs
         ),
         hostnames=tuple(doc.spec.hostnames),
-        rules=tuple(_rule(x) for x in doc.spec.rules) or (r.RouteRule(),),
+        rules=tuple(_rule(x) for x in doc.spec.rules) or (l5d.RouteRule(),),
     )
 
 
@@ -428,7 +436,7 @@ def _http_route(doc: schema.HTTPRouteDoc, base: dict[str, Any]) -> r.HTTPRoute:
 @dataclass(frozen=True, slots=True)
 class _Kind:
     model: type[schema.Doc]
-    convert: Callable[[Any, dict[str, Any]], r.Resource]
+    convert: Callable[[Any, dict[str, Any]], kinds.Resource]
     versions: frozenset[str]  # accepted apiVersion values
     namespaced: bool = True
 
@@ -437,10 +445,10 @@ _POLICY = "policy.linkerd.io/"
 _GATEWAY = "gateway.networking.k8s.io/"
 _KINDS: dict[str, _Kind] = {
     "Namespace": _Kind(
-        schema.Doc, lambda d, b: _plain(d, b, r.Namespace), frozenset({"v1"}), namespaced=False
+        schema.Doc, lambda d, b: _plain(d, b, k8s.Namespace), frozenset({"v1"}), namespaced=False
     ),
     "ServiceAccount": _Kind(
-        schema.Doc, lambda d, b: _plain(d, b, r.ServiceAccount), frozenset({"v1"})
+        schema.Doc, lambda d, b: _plain(d, b, k8s.ServiceAccount), frozenset({"v1"})
     ),
     "Pod": _Kind(schema.PodDoc, _pod, frozenset({"v1"})),
     "Service": _Kind(schema.ServiceDoc, _service, frozenset({"v1"})),
@@ -547,7 +555,7 @@ def _parse_list(doc: dict[str, Any], file: str, index: int, prefix: str) -> Load
             reason="items must be a list",
         )
         return [], [err]
-    objects: list[r.Resource] = []
+    objects: list[kinds.Resource] = []
     errors: list[ManifestError] = []
     for i, item in enumerate(items):
         objs, errs = _parse_document(item, file, index, f"{prefix}items[{i}].")
@@ -600,7 +608,7 @@ def _yaml_reason(exc: yaml.YAMLError, first_line: int) -> str:
 
 def parse_text(text: str, *, file: str = "<text>") -> Loaded:
     """Every document of a manifest text -> (objects, errors). Never raises."""
-    objects: list[r.Resource] = []
+    objects: list[kinds.Resource] = []
     errors: list[ManifestError] = []
     for index, (first_line, chunk) in enumerate(split_documents(text)):
         try:
@@ -641,7 +649,7 @@ def manifest_files(directory: str | Path) -> list[Path]:
 
 def load_folder(directory: str | Path) -> Loaded:
     """Every manifest file under `directory`, then `check_references` over all of them."""
-    objects: list[r.Resource] = []
+    objects: list[kinds.Resource] = []
     errors: list[ManifestError] = []
     for path in manifest_files(directory):
         objs, errs = load_file(path)
@@ -654,14 +662,14 @@ def load_folder(directory: str | Path) -> Loaded:
 # --- checks across documents ---------------------------------------------------------------
 
 
-def _error(obj: r.Resource, field: str, reason: str) -> ManifestError:
+def _error(obj: kinds.Resource, field: str, reason: str) -> ManifestError:
     src = obj.source or r.Source(file="<unknown>", index=0)
     return ManifestError(
         file=src.file, index=src.index, kind=obj.kind, name=obj.name, field=field, reason=reason
     )
 
 
-def check_references(objects: Iterable[r.Resource]) -> Loaded:
+def check_references(objects: Iterable[kinds.Resource]) -> Loaded:
     """Reject what only the whole set shows; the first of duplicate objects wins.
 
     Kept objects keep their order. Checks: duplicate kind/namespace/name; a
@@ -669,9 +677,9 @@ def check_references(objects: Iterable[r.Resource]) -> Loaded:
     and headless Services excepted); a Server naming its port needs a selected
     pod or Deployment template that declares that port (when any is selected).
     """
-    unique: list[r.Resource] = []
+    unique: list[kinds.Resource] = []
     errors: list[ManifestError] = []
-    seen: dict[tuple[str, str, str], r.Resource] = {}
+    seen: dict[tuple[str, str, str], kinds.Resource] = {}
     for obj in objects:
         if (first := seen.get(obj.key)) is not None:
             errors.append(_error(obj, "metadata.name", f"duplicate of {first.source}"))
@@ -679,7 +687,7 @@ def check_references(objects: Iterable[r.Resource]) -> Loaded:
         seen[obj.key] = obj
         unique.append(obj)
     ctx = _Context(unique)
-    kept: list[r.Resource] = []
+    kept: list[kinds.Resource] = []
     for obj in unique:
         err = ctx.check(obj)
         if err is None:
@@ -692,35 +700,35 @@ def check_references(objects: Iterable[r.Resource]) -> Loaded:
 class _Context:
     """What the cross-document checks look up, indexed once."""
 
-    def __init__(self, objects: list[r.Resource]) -> None:
+    def __init__(self, objects: list[kinds.Resource]) -> None:
         self.backed: set[tuple[str, str]] = set()  # (namespace, service) with Endpoints/slices
         self.workloads: dict[str, list[tuple[tuple[r.Container, ...], r.FrozenMap]]] = {}
         for obj in objects:
-            if isinstance(obj, r.Endpoints):
+            if isinstance(obj, k8s.Endpoints):
                 self.backed.add((obj.namespace, obj.name))
-            elif isinstance(obj, r.EndpointSlice) and obj.service_name:
+            elif isinstance(obj, k8s.EndpointSlice) and obj.service_name:
                 self.backed.add((obj.namespace, obj.service_name))
-            elif isinstance(obj, r.Pod):
+            elif isinstance(obj, k8s.Pod):
                 self.workloads.setdefault(obj.namespace, []).append((obj.containers, obj.labels))
-            elif isinstance(obj, r.Deployment):
+            elif isinstance(obj, k8s.Deployment):
                 entry = (obj.template.containers, obj.template.labels)
                 self.workloads.setdefault(obj.namespace, []).append(entry)
 
-    def check(self, obj: r.Resource) -> ManifestError | None:
-        if isinstance(obj, r.Service):
+    def check(self, obj: kinds.Resource) -> ManifestError | None:
+        if isinstance(obj, k8s.Service):
             return self._service(obj)
-        if isinstance(obj, r.Server) and isinstance(obj.port, str):
+        if isinstance(obj, l5d.Server) and isinstance(obj.port, str):
             return self._server_port(obj, obj.port)
         return None
 
-    def _service(self, svc: r.Service) -> ManifestError | None:
-        if svc.selector is not None or svc.type is r.ServiceType.EXTERNAL_NAME or svc.headless:
+    def _service(self, svc: k8s.Service) -> ManifestError | None:
+        if svc.selector is not None or svc.type is k8s.ServiceType.EXTERNAL_NAME or svc.headless:
             return None
         if (svc.namespace, svc.name) in self.backed:
             return None
         return _error(svc, "spec.selector", "no selector, and no Endpoints or EndpointSlice for it")
 
-    def _server_port(self, srv: r.Server, port: str) -> ManifestError | None:
+    def _server_port(self, srv: l5d.Server, port: str) -> ManifestError | None:
         selected = [
             containers
             for containers, labels in self.workloads.get(srv.namespace, [])

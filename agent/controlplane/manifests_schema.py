@@ -2,7 +2,7 @@
 
 One model per Kubernetes/Linkerd/Gateway-API object part, validated field by
 field; `agent.controlplane.manifests` converts a validated `*Doc` into a
-`resources` dataclass and turns validation errors into `ManifestError`s.
+`kinds_core`/`kinds_linkerd` dataclass and turns validation errors into `ManifestError`s.
 
 Rules:
 1. Only `manifests` imports this module; no model leaves the two of them.
@@ -30,6 +30,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from agent.controlplane import kinds_linkerd as l5d
 from agent.controlplane import resources as r
 
 # --- value validators (raise ValueError; pydantic locates them) ----------------
@@ -121,7 +122,7 @@ class Meta(Model):
             except ValueError as exc:
                 raise ValueError(f"{r.OPAQUE_PORTS_ANNOTATION}: {exc}") from None
         policy = value.get(r.DEFAULT_INBOUND_POLICY_ANNOTATION)
-        if policy is not None and policy not in {p.value for p in r.AccessPolicy}:
+        if policy is not None and policy not in {p.value for p in l5d.AccessPolicy}:
             raise ValueError(f"{r.DEFAULT_INBOUND_POLICY_ANNOTATION}: unknown policy {policy!r}")
         return value
 

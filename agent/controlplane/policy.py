@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING
 from google.protobuf import duration_pb2
 
 from agent._proto import grpc_route_pb2, http_route_pb2, inbound_pb2, meta_pb2, net_pb2
+from agent.controlplane import kinds_core as k8s
+from agent.controlplane import kinds_linkerd as l5d
 from agent.controlplane import resources as r
 from agent.controlplane.destination import ip_address
 from agent.controlplane.endpoints import opaque_ports
@@ -76,7 +78,7 @@ class UnknownWorkload(LookupError):  # noqa: N818 - Linkerd's "unknown server"
 class PolicyConfig:
     """Cluster-wide policy settings."""
 
-    default_policy: r.AccessPolicy = r.AccessPolicy.ALL_UNAUTHENTICATED
+    default_policy: l5d.AccessPolicy = l5d.AccessPolicy.ALL_UNAUTHENTICATED
     cluster_networks: tuple[r.IPNetwork, ...] = CLUSTER_NETWORKS
     control_ns: str = "linkerd"
     trust_domain: str = "cluster.local"
@@ -126,7 +128,7 @@ class ClientAuthz:
 
     kind: str  # "default", "serverauthorization", "authorizationpolicy"
     name: str
-    networks: tuple[r.Network, ...] = ()  # () means the cluster networks
+    networks: tuple[l5d.Network, ...] = ()  # () means the cluster networks
     unauthenticated: bool = False  # plaintext allowed
     tls_unauthenticated: bool = False  # mesh TLS, any (or no) client identity
     identities: tuple[str, ...] = ()  # exact identities and "*"/"*.suffix" patterns
@@ -137,15 +139,15 @@ class ClientAuthz:
         return (order.get(self.kind, 3), self.name)
 
 
-def _nets(nets: Iterable[r.IPNetwork]) -> tuple[r.Network, ...]:
-    return tuple(r.Network(cidr=n) for n in nets)
+def _nets(nets: Iterable[r.IPNetwork]) -> tuple[l5d.Network, ...]:
+    return tuple(l5d.Network(cidr=n) for n in nets)
 
 
-def default_authzs(policy: r.AccessPolicy, cfg: PolicyConfig) -> list[ClientAuthz]:
+def default_authzs(policy: l5d.AccessPolicy, cfg: PolicyConfig) -> list[ClientAuthz]:
     """The authorizations a default policy grants (rule 3)."""
-    if policy is r.AccessPolicy.DENY:
+    if policy is l5d.AccessPolicy.DENY:
         return []
-    if policy is r.AccessPolicy.AUDIT:
+    if policy is l5d.AccessPolicy.AUDIT:
         return [
             ClientAuthz(
                 kind="default",
@@ -155,12 +157,12 @@ def default_authzs(policy: r.AccessPolicy, cfg: PolicyConfig) -> list[ClientAuth
             )
         ]
     cluster_only = policy in (
-        r.AccessPolicy.CLUSTER_AUTHENTICATED,
-        r.AccessPolicy.CLUSTER_UNAUTHENTICATED,
+        l5d.AccessPolicy.CLUSTER_AUTHENTICATED,
+        l5d.AccessPolicy.CLUSTER_UNAUTHENTICATED,
     )
     authenticated = policy in (
-        r.AccessPolicy.ALL_AUTHENTICATED,
-        r.AccessPolicy.CLUSTER_AUTHENTICATED,
+        l5d.AccessPolicy.ALL_AUTHENTICATED,
+        l5d.AccessPolicy.CLUSTER_AUTHENTICATED,
     )
     networks = _nets(cfg.cluster_networks if cluster_only else ALL_NETWORKS)
     if authenticated:
@@ -170,7 +172,7 @@ def default_authzs(policy: r.AccessPolicy, cfg: PolicyConfig) -> list[ClientAuth
     return [ClientAuthz(kind="default", name=policy.value, networks=networks, unauthenticated=True)]
 
 
-def _saz_authz(saz: r.ServerAuthorization, cfg: PolicyConfig) -> ClientAuthz | None:
+def _saz_authz(saz: l5d.ServerAuthorization, cfg: PolicyConfig) -> ClientAuthz | None:
     base = ClientAuthz(kind="serverauthorization", name=saz.name, networks=saz.networks)
     if saz.unauthenticated:
         return replace(base, unauthenticated=True)
@@ -186,14 +188,14 @@ def _saz_authz(saz: r.ServerAuthorization, cfg: PolicyConfig) -> ClientAuthz | N
     return replace(base, identities=ids) if ids else None
 
 
-def _ap_authz(snap: Catalog, ap: r.AuthorizationPolicy, cfg: PolicyConfig) -> ClientAuthz | None:
+def _ap_authz(snap: Catalog, ap: l5d.AuthorizationPolicy, cfg: PolicyConfig) -> ClientAuthz | None:
     """Rule 4; None when the policy is illegal (then Linkerd ignores it)."""
     identities: tuple[str, ...] | None = None
-    networks: tuple[r.Network, ...] | None = None
+    networks: tuple[l5d.Network, ...] | None = None
     for ref in ap.required_authentication_refs:
         ns = ref.namespace or ap.namespace
         if ref.kind == "MeshTLSAuthentication":
-            authn = snap.get(r.MeshTLSAuthentication, ns, ref.name)
+            authn = snap.get(l5d.MeshTLSAuthentication, ns, ref.name)
             if authn is None or identities is not None:
                 return None
             identities = _meshtls_identities(authn, cfg)
@@ -204,7 +206,7 @@ def _ap_authz(snap: Catalog, ap: r.AuthorizationPolicy, cfg: PolicyConfig) -> Cl
                 return None
             identities = (cfg.sa_identity(ns, ref.name),)
         elif ref.kind == "NetworkAuthentication":
-            net_authn = snap.get(r.NetworkAuthentication, ns, ref.name)
+            net_authn = snap.get(l5d.NetworkAuthentication, ns, ref.name)
             if net_authn is None or networks is not None:
                 return None
             networks = net_authn.networks
@@ -219,7 +221,7 @@ def _ap_authz(snap: Catalog, ap: r.AuthorizationPolicy, cfg: PolicyConfig) -> Cl
     )
 
 
-def _meshtls_identities(authn: r.MeshTLSAuthentication, cfg: PolicyConfig) -> tuple[str, ...]:
+def _meshtls_identities(authn: l5d.MeshTLSAuthentication, cfg: PolicyConfig) -> tuple[str, ...]:
     ids = list(authn.identities)
     for ref in authn.identity_refs:
         if ref.kind == "ServiceAccount":
@@ -229,10 +231,10 @@ def _meshtls_identities(authn: r.MeshTLSAuthentication, cfg: PolicyConfig) -> tu
     return tuple(ids)
 
 
-def server_authzs(snap: Catalog, server: r.Server, cfg: PolicyConfig) -> list[ClientAuthz]:
+def server_authzs(snap: Catalog, server: l5d.Server, cfg: PolicyConfig) -> list[ClientAuthz]:
     """Rule 2's authorizations for a Server."""
     out = [a for saz in snap.server_authorizations(server) if (a := _saz_authz(saz, cfg))]
-    for ap in snap.of_kind(r.AuthorizationPolicy, server.namespace):
+    for ap in snap.of_kind(l5d.AuthorizationPolicy, server.namespace):
         target = ap.target_ref
         targets_server = target.kind == "Server" and target.name == server.name
         if not (targets_server or target.kind == "Namespace"):
@@ -243,10 +245,10 @@ def server_authzs(snap: Catalog, server: r.Server, cfg: PolicyConfig) -> list[Cl
     return sorted(out, key=lambda a: a.sort_key)
 
 
-def route_authzs(snap: Catalog, route: r.HTTPRoute, cfg: PolicyConfig) -> list[ClientAuthz]:
+def route_authzs(snap: Catalog, route: l5d.HTTPRoute, cfg: PolicyConfig) -> list[ClientAuthz]:
     """AuthorizationPolicies targeting an HTTPRoute."""
     out = []
-    for ap in snap.of_kind(r.AuthorizationPolicy, route.namespace):
+    for ap in snap.of_kind(l5d.AuthorizationPolicy, route.namespace):
         target = ap.target_ref
         if target.kind.lower() == "httproute" and target.name == route.name:
             if target.group and target.group.lower() != route.group.lower():
@@ -319,22 +321,22 @@ def _host_match(host: str) -> http_route_pb2.HostMatch:
     return http_route_pb2.HostMatch(exact=host)
 
 
-def _route_match(m: r.RouteMatch) -> http_route_pb2.HttpRouteMatch:
+def _route_match(m: l5d.RouteMatch) -> http_route_pb2.HttpRouteMatch:
     out = http_route_pb2.HttpRouteMatch()
     if m.path is not None:
         kind = {
-            r.PathMatchType.EXACT: "exact",
-            r.PathMatchType.PATH_PREFIX: "prefix",
-            r.PathMatchType.REGULAR_EXPRESSION: "regex",
+            l5d.PathMatchType.EXACT: "exact",
+            l5d.PathMatchType.PATH_PREFIX: "prefix",
+            l5d.PathMatchType.REGULAR_EXPRESSION: "regex",
         }[m.path.type]
         out.path.CopyFrom(http_route_pb2.PathMatch(**{kind: m.path.value}))
     for h in m.headers:
-        if h.type is r.ValueMatchType.EXACT:
+        if h.type is l5d.ValueMatchType.EXACT:
             out.headers.append(http_route_pb2.HeaderMatch(name=h.name, exact=h.value.encode()))
         else:
             out.headers.append(http_route_pb2.HeaderMatch(name=h.name, regex=h.value))
     for q in m.query_params:
-        if q.type is r.ValueMatchType.EXACT:
+        if q.type is l5d.ValueMatchType.EXACT:
             out.query_params.append(http_route_pb2.QueryParamMatch(name=q.name, exact=q.value))
         else:
             out.query_params.append(http_route_pb2.QueryParamMatch(name=q.name, regex=q.value))
@@ -362,7 +364,7 @@ def default_grpc_route() -> inbound_pb2.GrpcRoute:
 
 
 def http_routes(
-    snap: Catalog, server: r.Server | None, cfg: PolicyConfig
+    snap: Catalog, server: l5d.Server | None, cfg: PolicyConfig
 ) -> list[inbound_pb2.HttpRoute]:
     """Rule 5."""
     routes = sorted(snap.routes_for_server(server), key=lambda rt: rt.name) if server else []
@@ -393,9 +395,9 @@ class PortPolicy:
 
     name: str
     is_default: bool
-    protocol: r.ProxyProtocol
+    protocol: l5d.ProxyProtocol
     authzs: tuple[ClientAuthz, ...] = field(default=())
-    server: r.Server | None = None
+    server: l5d.Server | None = None
 
 
 def _detect(timeout: float) -> duration_pb2.Duration:
@@ -404,11 +406,11 @@ def _detect(timeout: float) -> duration_pb2.Duration:
     return out
 
 
-def _pod_default_policy(pod: r.Pod, snap: Catalog, cfg: PolicyConfig) -> r.AccessPolicy:
+def _pod_default_policy(pod: k8s.Pod, snap: Catalog, cfg: PolicyConfig) -> l5d.AccessPolicy:
     for obj in (pod, snap.pod_namespace(pod)):
         if obj is not None and (value := obj.annotations.get(r.DEFAULT_INBOUND_POLICY_ANNOTATION)):
             try:
-                return r.AccessPolicy(value)
+                return l5d.AccessPolicy(value)
             except ValueError:
                 return cfg.default_policy
     return cfg.default_policy
@@ -434,7 +436,7 @@ def decide(snap: Catalog, workload: Workload, port: int, cfg: PolicyConfig) -> P
     return PortPolicy(
         name=policy.value,
         is_default=True,
-        protocol=r.ProxyProtocol.OPAQUE if opaque else r.ProxyProtocol.UNKNOWN,
+        protocol=l5d.ProxyProtocol.OPAQUE if opaque else l5d.ProxyProtocol.UNKNOWN,
         authzs=tuple(default_authzs(policy, cfg)),
     )
 
@@ -443,24 +445,24 @@ def server_proto(snap: Catalog, decision: PortPolicy, cfg: PolicyConfig) -> inbo
     """Encode a decision as Linkerd's `to_server` does."""
     proto = inbound_pb2.ProxyProtocol()
     kind = decision.protocol
-    if kind is r.ProxyProtocol.UNKNOWN:
+    if kind is l5d.ProxyProtocol.UNKNOWN:
         proto.detect.CopyFrom(
             inbound_pb2.ProxyProtocol.Detect(
                 timeout=_detect(cfg.detect_timeout),
                 http_routes=http_routes(snap, decision.server, cfg),
             )
         )
-    elif kind is r.ProxyProtocol.HTTP1:
+    elif kind is l5d.ProxyProtocol.HTTP1:
         proto.http1.CopyFrom(
             inbound_pb2.ProxyProtocol.Http1(routes=http_routes(snap, decision.server, cfg))
         )
-    elif kind is r.ProxyProtocol.HTTP2:
+    elif kind is l5d.ProxyProtocol.HTTP2:
         proto.http2.CopyFrom(
             inbound_pb2.ProxyProtocol.Http2(routes=http_routes(snap, decision.server, cfg))
         )
-    elif kind is r.ProxyProtocol.GRPC:
+    elif kind is l5d.ProxyProtocol.GRPC:
         proto.grpc.CopyFrom(inbound_pb2.ProxyProtocol.Grpc(routes=[default_grpc_route()]))
-    elif kind is r.ProxyProtocol.OPAQUE:
+    elif kind is l5d.ProxyProtocol.OPAQUE:
         proto.opaque.CopyFrom(inbound_pb2.ProxyProtocol.Opaque())
     else:
         proto.tls.CopyFrom(inbound_pb2.ProxyProtocol.Tls())

@@ -26,6 +26,8 @@ from google.protobuf import duration_pb2
 
 from agent._proto import destination_pb2 as pb
 from agent._proto import http_types_pb2, meta_pb2
+from agent.controlplane import kinds_core as k8s
+from agent.controlplane import kinds_linkerd as l5d
 from agent.controlplane import resources as r
 from agent.controlplane.destination import (
     ContextToken,
@@ -68,7 +70,7 @@ def http_method(name: str) -> http_types_pb2.HttpMethod:
     return http_types_pb2.HttpMethod(unregistered=name)
 
 
-def request_match(m: r.RequestMatch) -> pb.RequestMatch:
+def request_match(m: l5d.RequestMatch) -> pb.RequestMatch:
     """Linkerd's order (all, any, method, not, path); several fields are ANDed in `all`."""
     parts: list[pb.RequestMatch] = []
     if m.all:
@@ -90,7 +92,7 @@ def request_match(m: r.RequestMatch) -> pb.RequestMatch:
     return parts[0] if len(parts) == 1 else pb.RequestMatch(all=pb.RequestMatch.Seq(matches=parts))
 
 
-def response_match(m: r.ResponseMatch) -> pb.ResponseMatch:
+def response_match(m: l5d.ResponseMatch) -> pb.ResponseMatch:
     """Linkerd's order (all, any, status, not); several fields are ANDed in `all`."""
     parts: list[pb.ResponseMatch] = []
     if m.all:
@@ -113,7 +115,7 @@ def response_match(m: r.ResponseMatch) -> pb.ResponseMatch:
     )
 
 
-def route(rt: r.Route) -> pb.Route:
+def route(rt: l5d.Route) -> pb.Route:
     out = pb.Route(
         condition=request_match(rt.condition),
         response_classes=[
@@ -128,7 +130,7 @@ def route(rt: r.Route) -> pb.Route:
     return out
 
 
-def _dst_override(dst: r.WeightedDst, port: int) -> pb.WeightedDst:
+def _dst_override(dst: l5d.WeightedDst, port: int) -> pb.WeightedDst:
     authority = dst.authority
     if ":" not in authority.rpartition("]")[2]:
         authority = f"{authority}:{port}"
@@ -137,7 +139,7 @@ def _dst_override(dst: r.WeightedDst, port: int) -> pb.WeightedDst:
 
 
 def service_profile(
-    snap: Catalog, service: r.Service, port: int, token: ContextToken, mesh: MeshConfig
+    snap: Catalog, service: k8s.Service, port: int, token: ContextToken, mesh: MeshConfig
 ) -> pb.DestinationProfile:
     """The profile of a Service port (rule 3)."""
     if not any(p.port == port for p in service.ports):

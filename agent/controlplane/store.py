@@ -33,7 +33,7 @@ from agent.controlplane.endpoints import Catalog
 from agent.controlplane.manifests import check_references, load_file, manifest_files
 
 if TYPE_CHECKING:
-    from agent.controlplane import resources as r
+    from agent.controlplane import kinds
     from agent.errors import ManifestError
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class Snapshot(Catalog):
     __slots__ = ("errors", "generation")
 
     def __init__(
-        self, objects: Iterable[r.Resource], *, generation: int, errors: Iterable[ManifestError]
+        self, objects: Iterable[kinds.Resource], *, generation: int, errors: Iterable[ManifestError]
     ) -> None:
         super().__init__(objects)
         self.generation = generation
@@ -62,7 +62,7 @@ class Snapshot(Catalog):
 class FileLoad:
     """What one file yielded."""
 
-    objects: tuple[r.Resource, ...] = ()
+    objects: tuple[kinds.Resource, ...] = ()
     errors: tuple[ManifestError, ...] = ()
 
 
@@ -103,7 +103,7 @@ class ResourceStore:
             return tuple(sorted(self._files))
 
     def replace_file(
-        self, path: str, objects: Iterable[r.Resource], errors: Iterable[ManifestError] = ()
+        self, path: str, objects: Iterable[kinds.Resource], errors: Iterable[ManifestError] = ()
     ) -> Snapshot:
         """Set what `path` holds, atomically; returns the resulting snapshot."""
         return self.apply({path: FileLoad(objects=tuple(objects), errors=tuple(errors))})
@@ -134,7 +134,7 @@ class ResourceStore:
         return self._snapshot
 
     def _build(self, generation: int) -> Snapshot:
-        objects: list[r.Resource] = []
+        objects: list[kinds.Resource] = []
         errors: list[ManifestError] = []
         for path in sorted(self._files):
             objects += self._files[path].objects

@@ -25,7 +25,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from agent.controlplane import resources as r
+from agent.controlplane import kinds_core as k8s
 from agent.controlplane.store import FolderWatcher, ResourceStore
 from agent.pods.model import PodSpec, pairs
 
@@ -47,7 +47,7 @@ class PodSource(Protocol):
     def close(self) -> None: ...
 
 
-def pod_spec(pod: r.Pod, namespace: r.Namespace | None) -> PodSpec:
+def pod_spec(pod: k8s.Pod, namespace: k8s.Namespace | None) -> PodSpec:
     """The `PodSpec` of a store Pod."""
     ports = sorted(
         {p.container_port for c in pod.containers for p in c.ports if p.protocol == "TCP"}
@@ -71,7 +71,7 @@ def pod_spec(pod: r.Pod, namespace: r.Namespace | None) -> PodSpec:
 def pods_of(catalog: Catalog, node: str) -> Desired:
     """The meshed, running pods of `node` in a store snapshot (rule 1)."""
     out: set[PodSpec] = set()
-    for pod in catalog.of_kind(r.Pod):
+    for pod in catalog.of_kind(k8s.Pod):
         if pod.node_name != node or not pod.ip or pod.terminal or pod.host_network:
             continue
         if not catalog.is_meshed(pod):

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.controlplane import endpoints as ep
+from agent.controlplane import kinds
+from agent.controlplane import kinds_core as k8s
 from agent.controlplane import resources as r
 
 if TYPE_CHECKING:
@@ -88,7 +90,7 @@ class PodPlan:
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
-    def resource(self) -> r.Pod:
+    def resource(self) -> k8s.Pod:
         """This pod as the store's domain type."""
         return _pod_resource(self)
 
@@ -145,14 +147,14 @@ class _Workload:
     namespace: str
     name: str
     replicas: int
-    template: r.PodTemplate
+    template: k8s.PodTemplate
     bare: bool  # a Pod manifest: keep its name
 
 
-def _workloads(objects: Iterable[r.Resource]) -> list[_Workload]:
+def _workloads(objects: Iterable[kinds.Resource]) -> list[_Workload]:
     found: list[_Workload] = []
     for obj in objects:
-        if isinstance(obj, r.Deployment):
+        if isinstance(obj, k8s.Deployment):
             found.append(
                 _Workload(
                     namespace=obj.namespace,
@@ -162,8 +164,8 @@ def _workloads(objects: Iterable[r.Resource]) -> list[_Workload]:
                     bare=False,
                 )
             )
-        elif isinstance(obj, r.Pod) and not obj.host_network:
-            tmpl = r.PodTemplate(
+        elif isinstance(obj, k8s.Pod) and not obj.host_network:
+            tmpl = k8s.PodTemplate(
                 labels=obj.labels,
                 annotations=obj.annotations,
                 service_account=obj.service_account,
@@ -177,7 +179,7 @@ def _workloads(objects: Iterable[r.Resource]) -> list[_Workload]:
     return sorted(found, key=lambda w: (w.namespace, w.name))
 
 
-def template_hash(template: r.PodTemplate) -> str:
+def template_hash(template: k8s.PodTemplate) -> str:
     """Five characters standing for the template, as `pod-template-hash` does."""
     data = json.dumps(
         {
@@ -223,7 +225,7 @@ def _node_ips(nodes: Sequence[NodeSpec]) -> dict[str, Any]:
     return iters
 
 
-def _app_ports(pod: r.Pod, namespace: r.Namespace | None) -> tuple[AppPort, ...]:
+def _app_ports(pod: k8s.Pod, namespace: k8s.Namespace | None) -> tuple[AppPort, ...]:
     opaque = ep.opaque_ports(pod, namespace)
     ports = sorted(
         {p.container_port for c in pod.containers for p in c.ports if p.protocol == "TCP"}
@@ -231,8 +233,8 @@ def _app_ports(pod: r.Pod, namespace: r.Namespace | None) -> tuple[AppPort, ...]
     return tuple(AppPort(port=p, opaque=p in opaque) for p in ports)
 
 
-def _pod_resource(p: PodPlan) -> r.Pod:
-    return r.Pod(
+def _pod_resource(p: PodPlan) -> k8s.Pod:
+    return k8s.Pod(
         name=p.name,
         namespace=p.namespace,
         uid=p.uid,
@@ -241,12 +243,12 @@ def _pod_resource(p: PodPlan) -> r.Pod:
         service_account=p.service_account,
         node_name=p.node,
         containers=p.containers,
-        status=r.PodStatus(phase=r.PodPhase.RUNNING, pod_ip=p.ip, pod_ips=(p.ip,), ready=True),
+        status=k8s.PodStatus(phase=k8s.PodPhase.RUNNING, pod_ip=p.ip, pod_ips=(p.ip,), ready=True),
     )
 
 
-def _expand_pods(objects: list[r.Resource], nodes: Sequence[NodeSpec]) -> list[PodPlan]:
-    namespaces = {o.name: o for o in objects if isinstance(o, r.Namespace)}
+def _expand_pods(objects: list[kinds.Resource], nodes: Sequence[NodeSpec]) -> list[PodPlan]:
+    namespaces = {o.name: o for o in objects if isinstance(o, k8s.Namespace)}
     ips = _node_ips(nodes)
     pods: list[PodPlan] = []
     for wl, index, node in _place(_workloads(objects), nodes):
@@ -286,7 +288,7 @@ def _replace(pod: PodPlan, **changes: Any) -> PodPlan:
 # --- services ------------------------------------------------------------------
 
 
-def _cluster_ips(services: list[r.Service]) -> dict[tuple[str, str], str]:
+def _cluster_ips(services: list[k8s.Service]) -> dict[tuple[str, str], str]:
     taken: dict[tuple[str, str], str] = {}
     for svc in services:
         if svc.cluster_ip and svc.cluster_ip != "None":
@@ -296,7 +298,7 @@ def _cluster_ips(services: list[r.Service]) -> dict[tuple[str, str], str]:
     next(hosts)  # .0.1 is the apiserver's in Kubernetes
     for svc in services:
         key = (svc.namespace, svc.name)
-        if key in taken or svc.headless or svc.type is r.ServiceType.EXTERNAL_NAME:
+        if key in taken or svc.headless or svc.type is k8s.ServiceType.EXTERNAL_NAME:
             continue
         ip = str(next(hosts))
         while ip in used:
@@ -306,7 +308,7 @@ def _cluster_ips(services: list[r.Service]) -> dict[tuple[str, str], str]:
     return taken
 
 
-def _backends(svc: r.Service, sport: r.ServicePort, pods: list[PodPlan]) -> tuple[Backend, ...]:
+def _backends(svc: k8s.Service, sport: k8s.ServicePort, pods: list[PodPlan]) -> tuple[Backend, ...]:
     if svc.selector is None:
         return ()
     found = []
@@ -319,7 +321,7 @@ def _backends(svc: r.Service, sport: r.ServicePort, pods: list[PodPlan]) -> tupl
     return tuple(found)
 
 
-def plan(objects: Iterable[r.Resource], nodes: Sequence[NodeSpec]) -> ClusterPlan:
+def plan(objects: Iterable[kinds.Resource], nodes: Sequence[NodeSpec]) -> ClusterPlan:
     """Lay the manifests out on `nodes` (see the module rules).
 
     Raises:
@@ -330,7 +332,7 @@ def plan(objects: Iterable[r.Resource], nodes: Sequence[NodeSpec]) -> ClusterPla
     objs = list(objects)
     pods = _expand_pods(objs, nodes)
     services = sorted(
-        (o for o in objs if isinstance(o, r.Service)), key=lambda s: (s.namespace, s.name)
+        (o for o in objs if isinstance(o, k8s.Service)), key=lambda s: (s.namespace, s.name)
     )
     ips = _cluster_ips(services)
     ports = tuple(

@@ -624,10 +624,10 @@ class Supervisor:
         name minus its ReplicaSet hash and suffix (`web-7d4b9c-x2x` -> `web`)."""
         labels = dict(pod.labels)
         if self.controlplane is not None:
-            from agent.controlplane import resources as r  # noqa: PLC0415 - embedded only
+            from agent.controlplane import kinds_core as k8s  # noqa: PLC0415 - embedded only
 
             snap = self.controlplane.store.snapshot()
-            for dep in snap.of_kind(r.Deployment, pod.namespace):
+            for dep in snap.of_kind(k8s.Deployment, pod.namespace):
                 sel = dep.selector
                 if (sel.match_labels or sel.match_expressions) and sel.matches(labels):
                     return {"deployment": dep.name}

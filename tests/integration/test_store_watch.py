@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agent import aio
-from agent.controlplane import resources as r
+from agent.controlplane import kinds_core as k8s
 from agent.controlplane.store import FolderWatcher, ResourceStore, Snapshot
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -47,7 +47,7 @@ def wait_for(updates: queue.Queue[Snapshot], predicate) -> Snapshot:
 
 
 def names(snap: Snapshot) -> set[str]:
-    return {o.name for o in snap.of_kind(r.ServiceAccount)}
+    return {o.name for o in snap.of_kind(k8s.ServiceAccount)}
 
 
 def test_add_edit_delete_file_reach_subscriber_within_a_second(watched):
@@ -125,7 +125,7 @@ def test_start_loads_examples_before_returning(tmp_path):
     try:
         snap = store.snapshot()
         assert snap.errors == ()
-        assert snap.get(r.Deployment, "shop", "api") is not None
+        assert snap.get(k8s.Deployment, "shop", "api") is not None
         assert snap.service("shop", "web") is not None
     finally:
         watcher.stop()

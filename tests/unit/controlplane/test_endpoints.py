@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agent.controlplane import kinds_core as k8s
+from agent.controlplane import kinds_linkerd as l5d
 from agent.controlplane import resources as r
 from agent.controlplane.endpoints import (
     Catalog,
@@ -206,7 +208,7 @@ subsets: [{addresses: [{ip: 10.9.9.9}], ports: [{name: http, port: 8080}]}]
 
 
 def test_service_without_selector_and_endpoints_has_no_endpoints():
-    svc = r.Service(name="x", namespace="shop", ports=(r.ServicePort(port=80, target_port=80),))
+    svc = k8s.Service(name="x", namespace="shop", ports=(k8s.ServicePort(port=80, target_port=80),))
     assert Catalog([svc]).endpoints(svc, 80) == ()
 
 
@@ -239,8 +241,8 @@ def test_lookups_by_name_cluster_ip_pod_ip_and_fqdn():
     assert cat.service_by_fqdn("api.shop") is None
     assert cat.service_by_fqdn("api-0.api.shop.svc.cluster.local.") is svc
     assert cat.namespace("shop") is not None
-    assert [p.name for p in cat.of_kind(r.Pod, "shop")] == ["api-1"]
-    assert cat.of_kind(r.Pod, "outside") == ()
+    assert [p.name for p in cat.of_kind(k8s.Pod, "shop")] == ["api-1"]
+    assert cat.of_kind(k8s.Pod, "outside") == ()
 
 
 @pytest.mark.parametrize(
@@ -330,8 +332,8 @@ def test_default_inbound_policy_annotation_overrides_cluster_default():
     locked, other = cat.pod("shop", "locked-1"), cat.pod("shop", "api-1")
     assert locked is not None
     assert other is not None
-    fallback = r.AccessPolicy.ALL_UNAUTHENTICATED
-    assert default_inbound_policy(locked, cat.namespace("shop"), fallback) is r.AccessPolicy.DENY
+    fallback = l5d.AccessPolicy.ALL_UNAUTHENTICATED
+    assert default_inbound_policy(locked, cat.namespace("shop"), fallback) is l5d.AccessPolicy.DENY
     assert default_inbound_policy(other, cat.namespace("shop"), fallback) is fallback
 
 

@@ -10,6 +10,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.controlplane import kinds
+from agent.controlplane import kinds_core as k8s
+from agent.controlplane import kinds_linkerd as l5d
 from agent.controlplane import resources as r
 from agent.controlplane.manifests import (
     check_references,
@@ -28,7 +31,7 @@ metadata: {name: good, namespace: shop}
 """
 
 
-def _one(text: str) -> r.Resource:
+def _one(text: str) -> kinds.Resource:
     objects, errors = parse_text(text, file="t.yaml")
     assert errors == []
     assert len(objects) == 1
@@ -284,7 +287,7 @@ def test_json_file_loads(tmp_path):
     path.write_text('{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "j"}}')
     objects, errors = load_file(path)
     assert errors == []
-    assert objects[0] == r.ServiceAccount(name="j", namespace="default")
+    assert objects[0] == k8s.ServiceAccount(name="j", namespace="default")
     assert objects[0].source == r.Source(file=str(path), index=0)
 
 
@@ -324,11 +327,11 @@ status:
     - {type: Ready, status: "True", lastTransitionTime: 2024-01-01T00:00:00Z}
 """.replace("uid: 1234", "uid: '1234'")
     )
-    assert isinstance(pod, r.Pod)
+    assert isinstance(pod, k8s.Pod)
     assert pod.service_account == "default"
     assert pod.node_name == "node-a"
-    assert pod.status == r.PodStatus(
-        phase=r.PodPhase.RUNNING, pod_ip="10.0.0.5", pod_ips=("10.0.0.5",), ready=True
+    assert pod.status == k8s.PodStatus(
+        phase=k8s.PodPhase.RUNNING, pod_ip="10.0.0.5", pod_ips=("10.0.0.5",), ready=True
     )
     assert pod.port("http") == 8080
     assert pod.uid == "1234"
@@ -339,7 +342,7 @@ def test_pod_without_ready_condition_is_not_ready():
         "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c}]}\n"
         "status: {phase: Running, podIP: 10.0.0.9, conditions: [{type: Ready, status: 'False'}]}\n"
     )
-    assert isinstance(pod, r.Pod)
+    assert isinstance(pod, k8s.Pod)
     assert pod.status.ready is False
     assert pod.namespace == "default"
 
@@ -357,9 +360,9 @@ spec:
     - {name: admin, port: 9000}
     - {name: alt, port: 81, targetPort: "8081"}
 """)
-    assert isinstance(svc, r.Service)
+    assert isinstance(svc, k8s.Service)
     assert [p.target_port for p in svc.ports] == ["http", 9000, 8081]
-    assert svc.type is r.ServiceType.CLUSTER_IP
+    assert svc.type is k8s.ServiceType.CLUSTER_IP
     assert svc.cluster_ips == ("10.96.0.10",)
     assert svc.selector == {"app": "web"}
 
@@ -387,21 +390,21 @@ spec:
       timeout: 1m30s
   retryBudget: {retryRatio: 0.2, minRetriesPerSecond: 10, ttl: 10s}
 """)
-    assert isinstance(profile, r.ServiceProfile)
+    assert isinstance(profile, l5d.ServiceProfile)
     route = profile.routes[0]
     assert route.timeout == 90.0
     inner = route.condition.all[1].any[1]
-    assert inner.not_ == r.RequestMatch(path_regex="/b")
+    assert inner.not_ == l5d.RequestMatch(path_regex="/b")
     rc = route.response_classes[0]
     assert rc.is_failure
     assert rc.condition.not_ is not None
-    assert rc.condition.not_.status == r.StatusRange(min=200, max=399)
-    assert profile.retry_budget == r.RetryBudget(
+    assert rc.condition.not_.status == l5d.StatusRange(min=200, max=399)
+    assert profile.retry_budget == l5d.RetryBudget(
         retry_ratio=0.2, min_retries_per_second=10, ttl=10.0
     )
     assert profile.opaque_ports == (r.PortRange(5432, 5432), r.PortRange(6000, 6002))
     assert profile.dst_overrides == (
-        r.WeightedDst(authority="api-v2.shop.svc.cluster.local:8080", weight=0.5),
+        l5d.WeightedDst(authority="api-v2.shop.svc.cluster.local:8080", weight=0.5),
     )
 
 
@@ -434,20 +437,20 @@ spec:
 """)
     assert errors == []
     srv, saz, nets = objects
-    assert isinstance(srv, r.Server)
+    assert isinstance(srv, l5d.Server)
     assert srv.port == 8080
-    assert srv.proxy_protocol is r.ProxyProtocol.UNKNOWN
-    assert srv.access_policy is r.AccessPolicy.DENY
+    assert srv.proxy_protocol is l5d.ProxyProtocol.UNKNOWN
+    assert srv.access_policy is l5d.AccessPolicy.DENY
     assert srv.pod_selector.matches({"app": "web"})
     assert not srv.pod_selector.matches({"app": "db"})
-    assert isinstance(saz, r.ServerAuthorization)
+    assert isinstance(saz, l5d.ServerAuthorization)
     assert saz.server_name == ""
     assert saz.networks[0].contains("10.9.9.9")
     assert not saz.networks[0].contains("10.1.2.3")
     assert not saz.networks[0].contains("10.2.3.4")
     assert saz.mesh_tls is not None
-    assert saz.mesh_tls.service_accounts[1] == r.ServiceAccountRef(name="load", namespace="other")
-    assert isinstance(nets, r.NetworkAuthentication)
+    assert saz.mesh_tls.service_accounts[1] == l5d.ServiceAccountRef(name="load", namespace="other")
+    assert isinstance(nets, l5d.NetworkAuthentication)
     assert nets.networks[1].cidr == ipaddress.ip_network("fd00::/8")
 
 
@@ -473,16 +476,16 @@ spec:
 """)
     assert errors == []
     policy, gateway = objects
-    assert isinstance(policy, r.HTTPRoute)
-    assert isinstance(gateway, r.HTTPRoute)
+    assert isinstance(policy, l5d.HTTPRoute)
+    assert isinstance(gateway, l5d.HTTPRoute)
     assert policy.key != gateway.key  # same name, different API groups
     assert policy.parent_refs[0].group == "policy.linkerd.io"
     match = policy.rules[0].matches[0]
-    assert match.path == r.PathMatch(type=r.PathMatchType.PATH_PREFIX, value="/retry")
-    assert match.headers[0].type is r.ValueMatchType.REGULAR_EXPRESSION
+    assert match.path == l5d.PathMatch(type=l5d.PathMatchType.PATH_PREFIX, value="/retry")
+    assert match.headers[0].type is l5d.ValueMatchType.REGULAR_EXPRESSION
     assert policy.rules[0].timeout == 2.0
-    assert gateway.rules == (r.RouteRule(),)  # default: PathPrefix "/"
-    assert gateway.rules[0].matches[0].path == r.PathMatch()
+    assert gateway.rules == (l5d.RouteRule(),)  # default: PathPrefix "/"
+    assert gateway.rules[0].matches[0].path == l5d.PathMatch()
 
 
 def test_deployment_is_typed():
@@ -501,7 +504,7 @@ spec:
       serviceAccountName: api
       containers: [{name: api, ports: [{name: http, containerPort: 8080}]}]
 """)
-    assert isinstance(dep, r.Deployment)
+    assert isinstance(dep, k8s.Deployment)
     assert dep.replicas == 2
     assert dep.template.service_account == "api"
     assert dep.template.annotations == {"linkerd.io/inject": "enabled"}
@@ -570,17 +573,17 @@ def test_examples_load_with_zero_errors():
         assert ("ServiceAccount", "shop", name) in keys
         assert ("Service", "shop", name) in keys
     assert ("Deployment", "outside", "curl") in keys
-    deployments = {o.name: o for o in objects if isinstance(o, r.Deployment)}
+    deployments = {o.name: o for o in objects if isinstance(o, k8s.Deployment)}
     assert deployments["api"].replicas == 2
     db = deployments["db"].template.annotations
     assert db[r.OPAQUE_PORTS_ANNOTATION] == "5432"
     assert deployments["locked"].template.annotations[r.DEFAULT_INBOUND_POLICY_ANNOTATION] == "deny"
-    profile = next(o for o in objects if isinstance(o, r.ServiceProfile))
+    profile = next(o for o in objects if isinstance(o, l5d.ServiceProfile))
     assert profile.name == "api.shop.svc.cluster.local"
     assert any(rt.is_retryable and rt.condition.method == "GET" for rt in profile.routes)
     assert any(rt.timeout == pytest.approx(0.3) for rt in profile.routes)
     assert profile.retry_budget is not None
-    namespaces = {o.name: o for o in objects if isinstance(o, r.Namespace)}
+    namespaces = {o.name: o for o in objects if isinstance(o, k8s.Namespace)}
     assert namespaces["shop"].annotations[r.INJECT_ANNOTATION] == "enabled"
     assert r.INJECT_ANNOTATION not in namespaces["outside"].annotations
 

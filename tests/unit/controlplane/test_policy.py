@@ -9,6 +9,8 @@ import pytest
 from google.protobuf import json_format
 
 from agent._proto import inbound_pb2
+from agent.controlplane import kinds_core as k8s
+from agent.controlplane import kinds_linkerd as l5d
 from agent.controlplane import policy as pol
 from agent.controlplane import resources as r
 from agent.controlplane.manifests import parse_text
@@ -158,7 +160,7 @@ def nets(authz: dict) -> list[str]:
     ],
 )
 def test_cluster_default_policy_sets_networks_and_authentication(policy, networks, authn):
-    cfg = pol.PolicyConfig(default_policy=r.AccessPolicy(policy))
+    cfg = pol.PolicyConfig(default_policy=l5d.AccessPolicy(policy))
     got = server(snapshot(BASE), cfg=cfg)
     [authz] = got["authorizations"]
     assert got["labels"]["name"] == policy
@@ -168,7 +170,7 @@ def test_cluster_default_policy_sets_networks_and_authentication(policy, network
 
 
 def test_deny_default_has_no_authorizations():
-    got = server(snapshot(BASE), cfg=pol.PolicyConfig(default_policy=r.AccessPolicy.DENY))
+    got = server(snapshot(BASE), cfg=pol.PolicyConfig(default_policy=l5d.AccessPolicy.DENY))
     assert got["labels"]["name"] == "deny"
     assert "authorizations" not in got
 
@@ -193,7 +195,7 @@ def test_bad_default_policy_annotation_falls_back_to_cluster_default():
     bad = {"config.linkerd.io/default-inbound-policy": "bogus"}
     patched = [
         dataclasses.replace(o, annotations=r.FrozenMap({**o.annotations, **bad}))
-        if isinstance(o, r.Pod)
+        if isinstance(o, k8s.Pod)
         else o
         for o in objects
     ]

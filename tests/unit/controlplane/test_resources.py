@@ -1,4 +1,4 @@
-"""Value parsers and small behaviours of the domain types."""
+"""Value parsers and FrozenMap, the base of the resource model."""
 
 from __future__ import annotations
 
@@ -64,15 +64,6 @@ def test_int_or_name():
         r.int_or_name(True)
 
 
-def test_network_contains_respects_except_and_ip_version():
-    net = r.Network(cidr=r.parse_network("10.0.0.0/8"), except_=(r.parse_network("10.1.0.0/16"),))
-    assert net.contains("10.2.0.1")
-    assert not net.contains("10.1.0.1")
-    assert not net.contains("192.168.0.1")
-    assert not net.contains("::1")
-    assert r.parse_network("10.0.0.7").prefixlen == 32
-
-
 def test_frozen_map_is_immutable_hashable_and_picklable():
     m = r.FrozenMap({"a": "1"})
     assert m == {"a": "1"}
@@ -80,31 +71,6 @@ def test_frozen_map_is_immutable_hashable_and_picklable():
     with pytest.raises(TypeError):
         m["b"] = "2"  # type: ignore[index]
     assert pickle.loads(pickle.dumps(m)) == m
-
-
-def test_objects_are_frozen_hashable_and_source_does_not_count():
-    a = r.Pod(name="p", namespace="shop", source=r.Source(file="a.yaml", index=0))
-    b = r.Pod(name="p", namespace="shop", source=r.Source(file="b.yaml", index=3))
-    assert a == b
-    assert hash(a) == hash(b)
-    assert a.key == ("Pod", "shop", "p")
-    assert a.ref == "shop/p"
-    with pytest.raises(AttributeError):
-        a.name = "q"  # type: ignore[misc]
-
-
-def test_service_port_lookup_by_number_and_protocol():
-    svc = r.Service(
-        name="dns",
-        ports=(
-            r.ServicePort(port=53, target_port=53, name="udp", protocol="UDP"),
-            r.ServicePort(port=53, target_port=53, name="tcp"),
-        ),
-    )
-    tcp = svc.port(53)
-    assert tcp is not None
-    assert tcp.name == "tcp"
-    assert svc.port(54) is None
 
 
 @given(st.lists(st.integers(min_value=1, max_value=65535), min_size=1, max_size=5))

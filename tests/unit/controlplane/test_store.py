@@ -8,6 +8,8 @@ import threading
 
 import pytest
 
+from agent.controlplane import kinds
+from agent.controlplane import kinds_core as k8s
 from agent.controlplane import resources as r
 from agent.controlplane.manifests import parse_text
 from agent.controlplane.store import FileLoad, ResourceStore
@@ -26,12 +28,12 @@ subsets: [{addresses: [{ip: 10.9.0.1}], ports: [{name: http, port: 8080}]}]
 """
 
 
-def load(text: str, file: str) -> tuple[list[r.Resource], list]:
+def load(text: str, file: str) -> tuple[list[kinds.Resource], list]:
     return parse_text(text, file=file)
 
 
-def sa(name: str) -> r.ServiceAccount:
-    return r.ServiceAccount(name=name, namespace="shop")
+def sa(name: str) -> k8s.ServiceAccount:
+    return k8s.ServiceAccount(name=name, namespace="shop")
 
 
 def test_replace_and_remove_bump_generation_and_swap_objects():
@@ -39,9 +41,9 @@ def test_replace_and_remove_bump_generation_and_swap_objects():
     assert store.generation == 0
     snap = store.replace_file("a.yaml", [sa("one"), sa("two")])
     assert snap.generation == 1
-    assert {o.name for o in snap.of_kind(r.ServiceAccount)} == {"one", "two"}
+    assert {o.name for o in snap.of_kind(k8s.ServiceAccount)} == {"one", "two"}
     snap = store.replace_file("a.yaml", [sa("three")])
-    assert [o.name for o in snap.of_kind(r.ServiceAccount)] == ["three"]
+    assert [o.name for o in snap.of_kind(k8s.ServiceAccount)] == ["three"]
     snap = store.remove_file("a.yaml")
     assert snap.generation == 3
     assert snap.objects == ()
@@ -96,12 +98,12 @@ def test_cross_file_references_are_checked_over_all_files():
 def test_duplicate_across_files_first_file_wins():
     store = ResourceStore()
     store.replace_file(
-        "b.yaml", [r.ServiceAccount(name="x", namespace="shop", labels=r.FrozenMap({"f": "b"}))]
+        "b.yaml", [k8s.ServiceAccount(name="x", namespace="shop", labels=r.FrozenMap({"f": "b"}))]
     )
     snap = store.replace_file(
         "a.yaml",
         [
-            r.ServiceAccount(
+            k8s.ServiceAccount(
                 name="x",
                 namespace="shop",
                 labels=r.FrozenMap({"f": "a"}),
@@ -109,7 +111,7 @@ def test_duplicate_across_files_first_file_wins():
             )
         ],
     )
-    found = snap.get(r.ServiceAccount, "shop", "x")
+    found = snap.get(k8s.ServiceAccount, "shop", "x")
     assert found is not None
     assert found.labels == {"f": "a"}
     assert len(snap.errors) == 1
