@@ -35,7 +35,6 @@ from agent.proxy.http1 import (
     Upgraded,
 )
 from agent.proxy.profile import classify
-from agent.proxy.record import recorder
 from agent.proxy.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -288,7 +287,7 @@ class CallbackExchange:
         else:
             if handle is not None:
                 handle.done(now, ok=False)
-            recorder().request(conn.router.direction, target.labels)
+            record.RECORDER.request(conn.router.direction, target.labels)
             conn.callback_requests += 1
             answer = reject(err.status, str(err))
             conn.stop = not (conn.answer(answer, self.t0, target.labels) and self.head.keep_alive)
