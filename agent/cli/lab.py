@@ -1,0 +1,197 @@
+"""`meshagent sandbox` and `bench`: the whole mesh on this machine, and its benchmark.
+
+`sandbox` builds simulated nodes and pods with agents and traffic (up, status,
+view, exec, down); `bench` runs meshagent against direct connections and HAProxy
+and reports ratios.
+
+Rules, as for every noun module (agent.cli): one `register_<noun>(sub)` per
+noun declares its parser and verbs, and its handlers follow it. Handlers import
+their modules lazily, so that a quick command does not pay for the lab. Progress
+lines go to stdout as they happen (flushed); `sandbox status` and `sandbox down`
+exit 1 when no sandbox is up or something could not be removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from agent.cli import add_verbs, emit, output_flag
+
+# === sandbox ==================================================================
+
+
+def register_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    verbs = add_verbs(
+        sub, "sandbox", "the whole mesh on this machine: nodes, pods, agents, traffic"
+    )
+    up = verbs.add_parser("up", help="build the sandbox (idempotent)")
+    up.add_argument("--manifests", metavar="DIR", help="manifests folder (default: examples/)")
+    up.add_argument("--nodes", type=int, default=2, help="simulated nodes (default 2)")
+    up.add_argument("--redirect", choices=["iptables", "ebpf", "auto"], default="auto")
+    up.add_argument("--identity-dir", metavar="DIR", help="existing PKI (default: made in /run)")
+    up.add_argument("--no-agents", action="store_true", help="pods without the mesh")
+    when = up.add_mutually_exclusive_group()
+    when.add_argument(
+        "--duration", type=float, metavar="S", help="drive traffic S seconds, then down"
+    )
+    when.add_argument("--detach", action="store_true", help="return once ready, leave it running")
+    up.set_defaults(handler=_sandbox_up)
+    st = verbs.add_parser("status", help="nodes, agents and pods")
+    output_flag(st)
+    st.set_defaults(handler=_sandbox_status)
+    dn = verbs.add_parser("down", help="remove everything the sandbox made")
+    dn.set_defaults(handler=_sandbox_down)
+    vw = verbs.add_parser("view", help="drive traffic and show the live view on a running sandbox")
+    vw.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    vw.set_defaults(handler=_sandbox_view)
+    ex = verbs.add_parser(
+        "exec", help="run a command inside a pod (its netns and cgroup), like kubectl exec"
+    )
+    ex.add_argument("pod", metavar="POD", help="ns/name, name, or a unique prefix (shop/web)")
+    ex.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    ex.set_defaults(handler=_sandbox_exec)
+
+
+def _sandbox_exec(args: argparse.Namespace) -> int:
+    """Replaces this process with the command; returns only on error."""
+    import json  # noqa: PLC0415 - lazy, see module docstring
+
+    from agent.sandbox import podexec, run  # noqa: PLC0415
+
+    state = json.loads(run.STATE_FILE.read_text()) if run.STATE_FILE.exists() else {}
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    podexec.exec_in_pod(podexec.find_pod(state, args.pod), command)
+    return 0
+
+
+def _sandbox_view(args: argparse.Namespace) -> int:
+    """Exit 1 (with a hint) when no sandbox is up; the sandbox stays up afterwards."""
+    from agent.sandbox import run  # noqa: PLC0415 - lazy, see module docstring
+
+    return run.view(args.duration)
+
+
+def _sandbox_up(args: argparse.Namespace) -> int:
+    from pathlib import Path  # noqa: PLC0415 - lazy, see module docstring
+
+    from agent.sandbox import run  # noqa: PLC0415
+
+    opts = run.UpOptions(
+        manifests=Path(args.manifests) if args.manifests else run.EXAMPLES,
+        nodes=args.nodes,
+        redirect=args.redirect,
+        duration=args.duration,
+        detach=args.detach,
+        identity_dir=Path(args.identity_dir) if args.identity_dir else None,
+        agents=False if args.no_agents else None,
+        progress=lambda msg: print(f"  {msg}", flush=True),
+    )
+    print("meshagent sandbox: building", flush=True)
+    info = run.up(opts)
+    print(run.hints(info))
+    if opts.detach:
+        return 0
+    return run.foreground(opts)
+
+
+def _sandbox_status(args: argparse.Namespace) -> int:
+    """Exit 1 when no sandbox is up."""
+    from agent.render import table  # noqa: PLC0415 - lazy, see module docstring
+    from agent.sandbox import run  # noqa: PLC0415
+
+    info = run.status()
+    if args.output != "table":
+        emit(info, args)
+    else:
+        print(f"sandbox: {'up' if info['up'] else 'down'} (redirect {info.get('redirect')})")
+        for key in ("nodes", "agents", "pods"):
+            if info[key]:
+                print(f"\n{key.upper()}\n{table(info[key])}")
+    return 0 if info["up"] else 1
+
+
+def _sandbox_down(_args: argparse.Namespace) -> int:
+    """Exit 1 when something could not be removed (each is printed)."""
+    from agent.sandbox import run  # noqa: PLC0415 - lazy, see module docstring
+
+    errors = run.down(lambda msg: print(f"  {msg}", flush=True))
+    for err in errors:
+        print(f"meshagent: sandbox down: {err}", file=sys.stderr)
+    print("sandbox: down" if not errors else "sandbox: down, with errors")
+    return 1 if errors else 0
+
+
+# === bench ====================================================================
+
+
+def register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    help_ = "benchmark meshagent against direct and HAProxy in one run, reported as ratios"
+    parser = sub.add_parser("bench", help=help_, description=help_)
+    parser.add_argument("--quick", action="store_true", help="short loads (about two minutes)")
+    parser.add_argument("--setups", metavar="A,B", help="setups to run (default: all)")
+    parser.add_argument("--loads", metavar="X,Y", help="loads (http1-rate picks every rate)")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        metavar="S",
+        default=float(os.environ.get("MESHAGENT_BENCH_DURATION", "0")) or None,
+        help="seconds per load; env MESHAGENT_BENCH_DURATION",
+    )
+    parser.add_argument("--out", metavar="DIR", help="write bench.json and bench.png here")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every setup's loads N times, alternating setups; report medians",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile the node agents' workers; per-setup summaries in DIR/profile/ (slower)",
+    )
+    output_flag(parser, ("table", "json"))
+    parser.set_defaults(handler=_bench)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import json  # noqa: PLC0415 - lazy, see module docstring
+    from pathlib import Path  # noqa: PLC0415
+
+    from agent.bench import harness, report  # noqa: PLC0415
+    from agent.errors import SettingError  # noqa: PLC0415
+    from agent.render import table  # noqa: PLC0415
+
+    out = Path(args.out) if args.out else Path.cwd()
+    try:
+        opts = harness.Options.make(
+            quick=args.quick,
+            setups_=args.setups,
+            loads_=args.loads,
+            duration_s=args.duration,
+            profile_dir=(out / "profile").resolve() if args.profile else None,
+            repeat=args.repeat,
+        )
+    except ValueError as exc:
+        flag = "--repeat" if args.repeat < 1 else "--setups/--loads"
+        value = str(args.repeat) if args.repeat < 1 else f"{args.setups},{args.loads}"
+        raise SettingError(flag, value, str(exc)) from None
+    quiet = args.output == "json"
+    doc = harness.run(opts, progress=None if quiet else lambda m: print(f"  {m}", flush=True))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if quiet:
+        print(json.dumps(doc, indent=1))
+        return 0
+    why_not = report.plot(doc, str(out / "bench.png"))
+    print(table(report.table_rows(doc)))
+    print("\nratios (meshagent / peer):")
+    for key, value in doc["ratios"].items():
+        print(f"  {key} = {value}")
+    for key, value in doc["memory"].items():
+        print(f"  memory {key}: {value}")
+    for note in [*doc["notes"], why_not or f"plot: {out / 'bench.png'}", f"json: {out}/bench.json"]:
+        print(f"note: {note}")
+    return 0
