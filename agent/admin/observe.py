@@ -23,7 +23,9 @@ Rules:
    Bytes are counted for relays only.
 4. Every label set is interned once per (pod, direction, labels); a call then
    costs a dict lookup and integer additions (on an HTTP connection, one
-   lookup by the label dict's identity in the connection's own cache).
+   lookup by the label dict's identity in the connection's own cache), and a
+   bound handle (`bind_http`, `bind_authz`) only the additions: it keeps what
+   it resolved while the observer's `gen` is the one it resolved in.
    Nothing here raises into the data path: a failure is logged once per
    kind and the event dropped.
 5. Reports: a `Metrics` snapshot every `REPORT_S` and at drain. Tap: only
@@ -78,20 +80,86 @@ _SVC_AUTHORITY = re.compile(r"^([^.]+)\.([^.]+)\.svc\.[^:]*:(\d+)$")
 class _Open:
     """A connection counted as open in `series` since `t0` (monotonic seconds).
 
-    `http` and `authz` cache the connection's resolved HTTP series and authz
-    counters by the identity of the label dict the data path passed (routers
-    reuse one dict per label set), so a request costs one lookup; valid while
-    `gen` is the observer's generation.
+    `http` caches the connection's resolved HTTP series by the identity of the
+    label dict the data path passed (routers reuse one dict per label set), so
+    a request costs one lookup; valid while `gen` is the observer's generation.
     """
 
-    __slots__ = ("authz", "gen", "http", "series", "t0")
+    __slots__ = ("gen", "http", "series", "t0")
 
     def __init__(self, series: TcpSeries, t0: float, gen: int = 0) -> None:
         self.series = series
         self.t0 = t0
         self.gen = gen
         self.http: dict[int, tuple[Labels, str, list[HttpSeries]]] = {}
-        self.authz: dict[int, tuple[Labels, bool, bool, Counter]] = {}
+
+
+class _BoundHttp:
+    """`Observer.exchange` for one label set of one connection (`record` rule 5)."""
+
+    __slots__ = ("_conn", "_direction", "_gen", "_obs", "_series", "_state", "labels")
+
+    def __init__(self, obs: Observer, conn: Conn | None, direction: str, labels: Labels) -> None:
+        self._obs = obs
+        self._state = obs.worker.state
+        self._conn = conn
+        self._direction = direction
+        self.labels = labels
+        self._gen = -1  # resolved at the first exchange: the connection opens then (rule 3)
+        self._series: list[HttpSeries] = []
+
+    def exchange(self, status: int, latency_s: float, failure: bool) -> None:
+        obs = self._obs
+        try:
+            if self._gen != obs.gen:
+                self._series = obs._conn_http(self._conn, self._direction, self.labels)  # noqa: SLF001 - same module
+                self._gen = obs.gen
+            latency_ms = latency_s * 1000.0
+            success = not failure
+            for series in self._series:
+                series.requests.value += 1
+                series.response(status, latency_ms, success)
+            taps = self._state.get(_TAP_KEY)
+            if taps:
+                obs._tap(  # noqa: SLF001
+                    taps,
+                    conn=self._conn,
+                    direction=self._direction,
+                    labels=self.labels,
+                    status=status,
+                    latency_ms=latency_ms,
+                )
+        except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
+            obs._fail(exc, "exchange")  # noqa: SLF001
+
+
+class _BoundAuthz:
+    """`Observer.authz` for one label set and outcome of one connection (`record` rule 5)."""
+
+    __slots__ = ("_allowed", "_conn", "_counter", "_gen", "_http", "_obs", "labels")
+
+    def __init__(
+        self, obs: Observer, conn: Conn | None, labels: Labels, *, allowed: bool, http: bool
+    ) -> None:
+        self._obs = obs
+        self._conn = conn
+        self.labels = labels
+        self._allowed = allowed
+        self._http = http
+        self._gen = -1
+        self._counter: Counter | None = None
+
+    def count(self) -> None:
+        obs = self._obs
+        try:
+            counter = self._counter
+            if counter is None or self._gen != obs.gen:
+                counter = obs._authz_cell(self._conn, self.labels, self._allowed, self._http)  # noqa: SLF001 - same module
+                self._counter = counter
+                self._gen = obs.gen
+            counter.value += 1
+        except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
+            obs._fail(exc, "authz")  # noqa: SLF001
 
 
 _CLOSED = object()
@@ -127,7 +195,7 @@ class Observer:
         self.tap_ring: deque[dict[str, Any]] = deque(maxlen=TAP_RING)
         self.tap_dropped = 0
         self._failed: set[str] = set()
-        self._gen = 0  # bumped when interned series are dropped (per-connection caches)
+        self.gen = 0  # bumped when interned series are dropped (per-connection caches, handles)
 
     # --- Recorder -----------------------------------------------------------------
 
@@ -186,7 +254,7 @@ class Observer:
             series = self._tcp_series(conn, direction, labels)
             series.open()
             if conn is not None and conn.obs is None:
-                conn.obs = _Open(series, time.monotonic(), self._gen)
+                conn.obs = _Open(series, time.monotonic(), self.gen)
         except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
             self._fail(exc, "tcp_open")
 
@@ -208,30 +276,15 @@ class Observer:
 
     def authz(self, labels: Labels, *, allowed: bool, http: bool) -> None:
         try:
-            conn = record.CONN.get()
-            obs = conn.obs if conn is not None else None
-            cache = None
-            if type(obs) is _Open:  # the connection's own cache (as in `_conn_http`)
-                if obs.gen != self._gen:
-                    obs.http.clear()
-                    obs.authz.clear()
-                    obs.gen = self._gen
-                cache = obs.authz
-                hit = cache.get(id(labels))
-                if hit is not None and hit[0] is labels and hit[1] is http and hit[2] is allowed:
-                    hit[3].value += 1
-                    return
-            key = (http, allowed, tuple(labels.items()), conn.listener.pod if conn else "")
-            counter = self._authz.get(key)
-            if counter is None:
-                counter = self._authz[key] = self._authz_counter(conn, labels, allowed, http)
-            counter.value += 1
-            if cache is not None:
-                if len(cache) >= _CONN_CACHE_MAX:
-                    cache.clear()
-                cache[id(labels)] = (labels, http, allowed, counter)
+            self._authz_cell(record.CONN.get(), labels, allowed, http).value += 1
         except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
             self._fail(exc, "authz")
+
+    def bind_http(self, direction: str, labels: Labels) -> record.BoundHttp:
+        return _BoundHttp(self, record.CONN.get(), direction, labels)
+
+    def bind_authz(self, labels: Labels, *, allowed: bool, http: bool) -> record.BoundAuthz:
+        return _BoundAuthz(self, record.CONN.get(), labels, allowed=allowed, http=http)
 
     def conn_end(self, conn: Any, error: BaseException | None) -> None:
         try:
@@ -290,7 +343,7 @@ class Observer:
             self.m.forget_pod(ns, name)
             del self._pods[key]
         if gone:  # re-intern everything (the recorder's caches may name them)
-            self._gen += 1
+            self.gen += 1
             self._http.clear()
             self._tcp.clear()
             self._authz.clear()
@@ -309,10 +362,9 @@ class Observer:
         if type(obs) is not _Open:
             return self._http_series(conn, direction, labels)
         cache = obs.http
-        if obs.gen != self._gen:
+        if obs.gen != self.gen:
             cache.clear()
-            obs.authz.clear()
-            obs.gen = self._gen
+            obs.gen = self.gen
         hit = cache.get(id(labels))
         if hit is not None and hit[0] is labels and hit[1] == direction:
             return hit[2]
@@ -415,7 +467,7 @@ class Observer:
             return
         series = self._tcp_series(conn, direction, labels)
         series.open()
-        conn.obs = _Open(series, time.monotonic(), self._gen)
+        conn.obs = _Open(series, time.monotonic(), self.gen)
 
     def _tcp_series(self, conn: Conn | None, direction: str, labels: Labels) -> TcpSeries:
         if direction == "inbound":
@@ -435,6 +487,13 @@ class Observer:
                 tls=tls or Tls.no_identity("not_provided_by_remote"),
             )
         return found
+
+    def _authz_cell(self, conn: Conn | None, labels: Labels, allowed: bool, http: bool) -> Counter:
+        key = (http, allowed, tuple(labels.items()), conn.listener.pod if conn else "")
+        counter = self._authz.get(key)
+        if counter is None:
+            counter = self._authz[key] = self._authz_counter(conn, labels, allowed, http)
+        return counter
 
     def _authz_counter(
         self, conn: Conn | None, labels: Labels, allowed: bool, http: bool

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from agent.proxy.h1client import ClientSide
     from agent.proxy.h1plan import Router
     from agent.proxy.h1upstream import UpstreamConn
-    from agent.proxy.record import Labels
+    from agent.proxy.record import BoundHttp, Labels
     from agent.proxy.upstream import ConnPool
 
 WHOLE_PIECES_MAX = 16  # body pieces of a request the callback path takes at once
@@ -70,6 +70,7 @@ class Conn(Protocol):
     stop: bool
     write_paused: bool
     callback_requests: int
+    tally: BoundHttp | None  # the metrics handle of the last exchange's labels (record rule 5)
 
     def write(self, data: bytes | memoryview) -> None:
         """Write to the client unless it is closing."""
@@ -244,13 +245,11 @@ class CallbackExchange:
             conn.pool.release(up)  # closes it when not reusable
         else:
             up.close()
-        record.RECORDER.exchange(
-            conn.router.direction,
-            target.labels,
-            status=resp.status,
-            latency_s=now - self.t0,
-            failure=self.failure,
-        )
+        labels = target.labels
+        tally = conn.tally
+        if tally is None or tally.labels is not labels:
+            tally = conn.tally = record.RECORDER.bind_http(conn.router.direction, labels)
+        tally.exchange(resp.status, now - self.t0, self.failure)
         conn.fast = None
         conn.callback_requests += 1
         if not self.keep:

@@ -76,7 +76,7 @@ from agent.proxy.http1 import (
     ResponseHead,
 )
 from agent.proxy.profile import classify, should_retry
-from agent.proxy.record import REQUEST, Labels, recorder
+from agent.proxy.record import REQUEST, BoundHttp, Labels, recorder
 from agent.proxy.upstream import ConnPool, UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -104,6 +104,7 @@ class HttpConn:
         self.current: UpstreamConn | None = None
         self.requests = 0
         self.callback_requests = 0  # of `requests`, answered by the callbacks alone (rule 7)
+        self.tally: BoundHttp | None = None  # h1fast's metrics handle (record rule 5)
         self.body_done = False  # the current request's body was read from the client
         self.write_paused = False
         self.loop = asyncio.get_running_loop()

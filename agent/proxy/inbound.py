@@ -47,7 +47,7 @@ from agent.proxy import h1msg, h2route, http1, httpproxy, tcp
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NEED_MORE, NeedMore, Protocol, detect, is_tls_client_hello, parse_sni
 from agent.proxy.plane import Guard, Plane, plane_of, read_prefix
-from agent.proxy.record import recorder
+from agent.proxy.record import BoundAuthz, recorder
 from agent.proxy.state import NODE, POD, POLICY, TLS, NodeInfo, PodInfo
 from agent.proxy.tlsio import TlsHandshakeError, TlsTransport
 from agent.proxy.upstream import UpstreamError, start_relay, transport_opener
@@ -194,31 +194,33 @@ def deny_answer(decision: Decision, headers: http1.Headers) -> httpproxy.Reject:
     return httpproxy.reject(decision.http_status, message)
 
 
+# A cached decision: the policy object it was made with, the decision, its counting handle.
+_Entry = tuple[ServerPolicy, Decision, BoundAuthz]
+
+
 class AuthzCache:
     """Decisions of one connection's requests, reused while the policy object is the same.
 
     `authorize` is pure and a connection's client facts (address, identity, TLS)
     never change, so a decision depends only on the policy value, the port and
-    the method and target; the metric labels are merged once per decision.
+    the method and target; the metric labels are merged, and bound to the recorder
+    (`record` rule 5: the cache is the connection's), once per decision.
     """
 
     __slots__ = ("_entries", "last")
     MAX_ENTRIES = 64
 
     def __init__(self) -> None:
-        self._entries: dict[Hashable, tuple[ServerPolicy, Decision, dict[str, str]]] = {}
+        self._entries: dict[Hashable, _Entry] = {}
         # The last request's answer: (head, policy key, state generation, entry). The parser
         # hands out one head object per distinct head, so a repeat is an identity check.
-        self.last: tuple[Any, Hashable, int, tuple[ServerPolicy, Decision, dict[str, str]]] | None
-        self.last = None
+        self.last: tuple[Any, Hashable, int, _Entry] | None = None
 
-    def get(
-        self, key: Hashable, policy: ServerPolicy
-    ) -> tuple[ServerPolicy, Decision, dict[str, str]] | None:
+    def get(self, key: Hashable, policy: ServerPolicy) -> _Entry | None:
         hit = self._entries.get(key)
         return hit if hit is not None and hit[0] is policy else None
 
-    def put(self, key: Hashable, entry: tuple[ServerPolicy, Decision, dict[str, str]]) -> None:
+    def put(self, key: Hashable, entry: _Entry) -> None:
         if len(self._entries) >= self.MAX_ENTRIES:
             self._entries.clear()
         self._entries[key] = entry
@@ -237,10 +239,11 @@ def authorize_http(  # noqa: PLR0913 - the facts of one request
     labels: dict[str, str],
     cache: AuthzCache | None = None,
     token: object = None,
-) -> tuple[Decision, dict[str, str]]:
+) -> tuple[Decision, BoundAuthz]:
     """Decide one HTTP/1 request or HTTP/2 stream with the current policy, and count it.
 
-    Returns the decision and the labels it was counted under.
+    Returns the decision and the handle it was counted with (`.labels`: under which
+    labels; `.count()` counts it again).
 
     `method` and `target` as they came (the target's path is what routes match). The
     caller answers a denial (`deny_answer`; HTTP/2: agent.proxy.h2route). With `cache`
@@ -269,14 +272,15 @@ def authorize_http(  # noqa: PLR0913 - the facts of one request
                 port=port,
                 labels=labels,
             )
-            entry = (policy, decision, merged)
+            tally = recorder().bind_authz(merged, allowed=decision.allowed, http=True)
+            entry = (policy, decision, tally)
             if cache is not None:
                 cache.put(ckey, entry)
         if cache is not None and token is not None:
             cache.last = (token, policy_key, gen, entry)
-    decision = entry[1]
-    recorder().authz(entry[2], allowed=decision.allowed, http=True)
-    return decision, entry[2]
+    tally = entry[2]
+    tally.count()
+    return entry[1], tally
 
 
 def app_addr(pod: PodInfo, port: int) -> tuple[str, int]:

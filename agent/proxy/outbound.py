@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
 from agent.policy.authorize import Facts
-from agent.proxy import h1msg, h2route, http1, httpproxy, inbound, record
+from agent.proxy import h1msg, h2route, http1, httpproxy, inbound
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NeedMore, Protocol, detect
 from agent.proxy.plane import DstEntry, plane_of, read_prefix
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
     from agent.proxy.balance import EndpointStats, Handle
     from agent.proxy.model import Endpoint, Route
+    from agent.proxy.record import BoundAuthz
     from agent.proxy.worker import Conn, Worker
 
 logger = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ class OutboundRouter:
         ):
             tried.append(lane.stats.endpoint.addr)
             if lane.counted is not None:
-                record.RECORDER.authz(lane.counted, allowed=True, http=True)
+                lane.counted.count()
             return lane.target(handle)
         picked = self._hop(handle, labels, tried)
         if isinstance(picked, Refusal):
@@ -466,8 +467,8 @@ class _Lane:
     A request with the same head object (the parser hands out one per distinct head),
     in the same state generation, for which the balancer picked the same endpoint,
     reuses the hop and the same-node authorization (`OutboundRouter._choose`); the
-    balancer still picks every request, and the authorization is still counted (under
-    the labels it was decided with). A certificate that expired since ends the lane as
+    balancer still picks every request, and the authorization is still counted (with
+    the handle it was decided with). A certificate that expired since ends the lane as
     it ends `_Choice` reuse.
     """
 
@@ -479,13 +480,13 @@ class _Lane:
         gen: int,
         stats: EndpointStats,
         choice: _Choice,
-        counted: dict[str, str] | None,
+        counted: BoundAuthz | None,
     ) -> None:
         self.head = head
         self.gen = gen
         self.stats = stats
         self.choice = choice
-        self.counted = counted  # the authz labels of a same-node hop: counted again per request
+        self.counted = counted  # a same-node hop's authorization: counted again per request
 
     def target(self, handle: Handle) -> httpproxy.Target:
         choice = self.choice

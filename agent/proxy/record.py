@@ -15,6 +15,13 @@ Rules:
    head being served), so a recorder can name the pod and, for tap, the
    method and path, without the data path passing them around.
    `agent.admin.observe` is the real recorder.
+5. Bound handles for the hot path: `bind_http(direction, labels)` and
+   `bind_authz(labels, ...)` resolve a label set once, in the connection's
+   context, into a handle whose `exchange` / `count` is what `exchange` /
+   `authz` would do for the same labels on that connection. A handle belongs
+   to the connection that bound it (keep it in per-connection state only) and
+   stays right when the recorder's own caches change; `labels` is the dict it
+   was bound with, so a holder can check identity before reusing it.
 """
 
 from __future__ import annotations
@@ -58,6 +65,43 @@ class Recorder(Protocol):
     def conn_end(self, conn: Any, error: BaseException | None) -> None:
         """An accepted connection's handler is done (`error`: what ended it, if anything)."""
 
+    def bind_http(self, direction: str, labels: Labels) -> BoundHttp:
+        """`exchange` for `labels` on the current connection, resolved once (rule 5)."""
+
+    def bind_authz(self, labels: Labels, *, allowed: bool, http: bool) -> BoundAuthz:
+        """`authz` for `labels` on the current connection, resolved once (rule 5)."""
+
+
+class BoundHttp(Protocol):
+    """`Recorder.exchange` for one label set of one connection."""
+
+    labels: Labels
+
+    def exchange(self, status: int, latency_s: float, failure: bool) -> None:
+        """As `Recorder.exchange(direction, labels, ...)` on the binding connection."""
+
+
+class BoundAuthz(Protocol):
+    """`Recorder.authz` for one label set and outcome of one connection."""
+
+    labels: Labels
+
+    def count(self) -> None:
+        """As `Recorder.authz(labels, allowed=..., http=...)` on the binding connection."""
+
+
+class _NoopBound:
+    __slots__ = ("labels",)
+
+    def __init__(self, labels: Labels) -> None:
+        self.labels = labels
+
+    def exchange(self, status: int, latency_s: float, failure: bool) -> None:
+        pass
+
+    def count(self) -> None:
+        pass
+
 
 class NoopRecorder:
     """The default: records nothing."""
@@ -90,6 +134,12 @@ class NoopRecorder:
 
     def conn_end(self, conn: Any, error: BaseException | None) -> None:
         pass
+
+    def bind_http(self, direction: str, labels: Labels) -> BoundHttp:  # noqa: ARG002
+        return _NoopBound(labels)
+
+    def bind_authz(self, labels: Labels, *, allowed: bool, http: bool) -> BoundAuthz:  # noqa: ARG002
+        return _NoopBound(labels)
 
 
 RECORDER: Recorder = NoopRecorder()

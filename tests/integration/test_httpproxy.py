@@ -15,6 +15,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -430,6 +431,12 @@ class _Seen:
     def exchange(self, direction: str, labels: Any, **kw: Any) -> None:
         self.request(direction, labels)
         self.response(direction, labels, **kw)
+
+    def bind_http(self, direction: str, labels: Any) -> Any:
+        def exchange(status: int, latency_s: float, failure: bool) -> None:
+            self.exchange(direction, labels, status=status, latency_s=latency_s, failure=failure)
+
+        return SimpleNamespace(labels=labels, exchange=exchange)
 
     def tcp_open(self, *a: Any, **kw: Any) -> None: ...
     def tcp_close(self, *a: Any, **kw: Any) -> None: ...

@@ -1,4 +1,4 @@
-"""The recorder's per-connection caches keep counts exact (agent.admin.observe)."""
+"""The recorder's per-connection caches and bound handles count exactly (agent.admin.observe)."""
 
 from __future__ import annotations
 
@@ -107,3 +107,66 @@ def test_authz_counts_stay_exact_with_the_connection_cache(observer: Observer, c
         observer.authz(labels, allowed=allowed, http=True)
     assert sum(_family(observer, "inbound_http_authz_allow_total").values()) == 3
     assert sum(_family(observer, "inbound_http_authz_deny_total").values()) == 1
+
+
+def test_bound_http_counts_as_exchange_does_and_opens_the_connection_at_first_use(
+    observer: Observer, conn: Any
+) -> None:
+    labels = dict(LABELS)
+    bound = observer.bind_http("inbound", labels)
+    assert bound.labels is labels
+    assert conn.obs is None  # binding alone is not a request (rule 3: opened at the first)
+    bound.exchange(200, 0.002, False)
+    bound.exchange(502, 0.004, True)
+    observer.exchange("inbound", labels, status=200, latency_s=0.002, failure=False)
+    assert list(_family(observer, "request_total").values()) == [3]
+    assert list(_family(observer, "tcp_open_total").values()) == [1]
+    by_class = {
+        (dict(k)["status_code"], dict(k)["classification"]): v
+        for k, v in _family(observer, "response_total").items()
+    }
+    assert by_class == {("200", "success"): 2, ("502", "failure"): 1}
+
+
+def test_bound_handles_resolve_again_after_the_series_are_dropped(
+    observer: Observer, conn: Any
+) -> None:
+    labels = {**LABELS, "srv_kind": "server", "srv_name": "web-http"}
+    http = observer.bind_http("inbound", labels)
+    allow = observer.bind_authz(labels, allowed=True, http=True)
+    http.exchange(200, 0.001, False)
+    allow.count()
+    observer.worker.state.apply(ch.StateDelete(key=(POD, POD_KEY)))
+    assert observer.forget_departed() == [POD_KEY]
+    assert _family(observer, "request_total") == {}
+    observer.worker.state.apply(ch.StateUpdate(key=(POD, POD_KEY), value=_pod()))
+    http.exchange(200, 0.001, False)  # the same handles, held by the same connection
+    allow.count()
+    allow.count()
+    assert list(_family(observer, "request_total").values()) == [1]
+    assert list(_family(observer, "inbound_http_authz_allow_total").values()) == [2]
+
+
+def test_bound_authz_counts_its_own_outcome_beside_unbound_calls(
+    observer: Observer, conn: Any
+) -> None:
+    labels = {**LABELS, "srv_kind": "server", "srv_name": "web-http"}
+    allow = observer.bind_authz(labels, allowed=True, http=True)
+    deny = observer.bind_authz(labels, allowed=False, http=True)
+    assert allow.labels is labels
+    for _ in range(3):
+        allow.count()
+    deny.count()
+    observer.authz(labels, allowed=True, http=True)
+    assert sum(_family(observer, "inbound_http_authz_allow_total").values()) == 4
+    assert sum(_family(observer, "inbound_http_authz_deny_total").values()) == 1
+
+
+def test_a_failing_handle_is_logged_and_never_raises(
+    observer: Observer, conn: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    bound = observer.bind_http("inbound", dict(LABELS))
+    bound.exchange(200, None, False)  # type: ignore[arg-type]
+    bound.exchange(200, None, False)  # type: ignore[arg-type]
+    bugs = [r for r in caplog.records if r.getMessage().startswith("BUG: recording failed")]
+    assert len(bugs) == 1  # once per kind

@@ -142,6 +142,11 @@ class Counted:
         assert http is True
         self.calls.append((labels.get("authz_name") or labels.get("route_name"), allowed))
 
+    def bind_authz(self, labels, *, allowed, http):
+        return SimpleNamespace(
+            labels=labels, count=lambda: self.authz(labels, allowed=allowed, http=http)
+        )
+
 
 @pytest.fixture
 def counted(monkeypatch):
@@ -158,9 +163,9 @@ def worker():
 
 
 def test_decides_by_method_and_path_without_the_query_and_counts_each(worker, counted):
-    allowed, labels = authorize_http(worker, KEY, b"GET", b"/items/1?x=2", **FACTS)
-    assert labels["pod"] == "web"
-    assert labels["route_name"] == "items"
+    allowed, tally = authorize_http(worker, KEY, b"GET", b"/items/1?x=2", **FACTS)
+    assert tally.labels["pod"] == "web"
+    assert tally.labels["route_name"] == "items"
     assert allowed.allowed
     assert allowed.route is not None
     assert allowed.route.name == "items"
