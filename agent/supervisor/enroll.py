@@ -1,0 +1,375 @@
+"""Pod enrollment: what the supervisor takes and gives back for each meshed pod (asyncio shell).
+
+`Enrollments.reconcile_once` runs one pass of `agent.pods.reconcile.plan`
+over the desired pods and the enrolled ones. Per meshed pod on this node
+(`Enroll`):
+    1. find its netns and cgroup (`agent.pods.discover`; not found yet ->
+       recorded in `pending` and retried while it stays desired),
+    2. build its `CaptureSpec` from pod + namespace annotations,
+    3. open its outbound (127.0.0.1:4140) and inbound (0.0.0.0:4143)
+       listeners inside its netns and hand them to the pool (and, in eBPF
+       mode, the inbound one to `EbpfRedirector.set_inbound_listener`),
+    4. enroll the redirect (after the listeners exist, so no connection is
+       redirected to a closed port),
+    5. push `("pod", key)` -> PodInfo and `("pod-ip", ip)` -> key,
+    6. acquire its service account in the `IdentityManager` (Certify with a
+       token minted from the control plane's identity dir: manifests mode has
+       no API server to issue tokens, `agent.control.tokens.minting_source`),
+    7. WatchPort each container port -> `("policy", key, port)`.
+`Update` re-enrolls the redirect with the new spec (and moves the identity
+when the service account changed). `Unenroll` undoes it all: listeners removed
+(connections get the grace), redirect unenrolled, state deleted, identity
+released, netns mount dropped.
+
+Rules:
+1. Blocking kernel work (discovery, netns sockets, iptables) runs in
+   threads, never on the event loop.
+2. A step that fails with `AgentError` leaves its pod in `pending` with the
+   reason, and the next pass tries again.
+3. Registry entries a previous run left for pods no longer desired are
+   unenrolled once, when the pod source first answers (`forget_stale`).
+4. The redirect mode and its redirector are chosen once, at start
+   (`choose_mode`, `make_redirector`); the pool, the client, the identity
+   manager and the embedded control plane arrive through `attach`
+   (`Supervisor.start`), before any step runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agent.control.cache import PolicyKey
+from agent.errors import AgentError, SettingError
+from agent.pods import discover, reconcile
+from agent.proxy import channel as ch
+from agent.proxy import state
+from agent.proxy.listener import ListenerKind, open_pod_listeners
+from agent.redirect import annotations as capture_annotations
+from agent.redirect import iptables
+from agent.redirect.model import Mode
+
+if TYPE_CHECKING:
+    from agent.admin.aggregate import MetricsAggregator
+    from agent.control.client import ControlPlaneClient
+    from agent.controlplane.app import ControlPlane
+    from agent.identity.manager import IdentityManager
+    from agent.pods.model import PodSpec
+    from agent.proxy.listener import PodListeners
+    from agent.proxy.pool import WorkerPool
+    from agent.redirect.model import CaptureSpec
+    from agent.redirect.registry import Registry
+    from agent.supervisor.settings import RunSettings
+
+logger = logging.getLogger(__name__)
+
+ENV_BPF_PIN_ROOT = "MESHAGENT_BPF_PIN_ROOT"
+
+
+@dataclass(slots=True, kw_only=True)
+class Enrolled:
+    """One pod this agent serves, and what it holds for it."""
+
+    pod: PodSpec
+    spec: CaptureSpec
+    net: discover.PodNetwork
+    identity: str
+    listener_ids: tuple[str, ...]
+    policy_keys: set[PolicyKey] = field(default_factory=set)
+
+
+class Enrollments:
+    """The pods desired on this node, those enrolled, those pending; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: RunSettings,
+        *,
+        registry: Registry,
+        redirector: Any,
+        mode: Mode,
+        aggregator: MetricsAggregator,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.redirector = redirector
+        self.mode = mode
+        self.aggregator = aggregator
+        self.pool: WorkerPool | None = None
+        self.client: ControlPlaneClient | None = None
+        self.identity: IdentityManager | None = None
+        self.controlplane: ControlPlane | None = None
+        self.desired: dict[str, PodSpec] = {}  # set by the pod source
+        self.enrolled: dict[str, Enrolled] = {}
+        self.pending: dict[str, str] = {}  # pod key -> why it is not enrolled yet
+        self.identities: dict[tuple[str, str], str] = {}  # (ns, sa) -> identity name
+
+    def attach(
+        self,
+        *,
+        pool: WorkerPool,
+        client: ControlPlaneClient,
+        identity: IdentityManager,
+        controlplane: ControlPlane | None,
+    ) -> None:
+        """Hand over what the steps use once `Supervisor.start` has made it (rule 4)."""
+        self.pool = pool
+        self.client = client
+        self.identity = identity
+        self.controlplane = controlplane
+
+    async def reconcile_once(self) -> None:
+        """One pass of `reconcile.plan` over desired and enrolled pods (rule 2)."""
+        actual = [e.pod for e in self.enrolled.values()]
+        steps = reconcile.plan(self.desired.values(), actual)
+        uids = [s.pod.uid for s in steps if isinstance(s, reconcile.Enroll)]
+        candidates = await asyncio.to_thread(discover.scan_proc, uids) if uids else {}
+        for step in steps:
+            try:
+                if isinstance(step, reconcile.Unenroll):
+                    await self._unenroll(step.pod)
+                elif isinstance(step, reconcile.Update):
+                    await self._update(step.old, step.new)
+                else:
+                    await self._enroll(step.pod, candidates)
+            except AgentError as exc:
+                pod = step.new if isinstance(step, reconcile.Update) else step.pod
+                self.pending[pod.key] = str(exc)
+                logger.warning("pod step failed", extra={"pod": pod.key, "error": str(exc)})
+        for key in list(self.pending):
+            if key not in self.desired or key in self.enrolled:
+                del self.pending[key]
+
+    async def forget_stale(self) -> None:
+        """Unenroll registry entries (a previous run's) for pods no longer desired (rule 3)."""
+        entries = await asyncio.to_thread(self.registry.load)
+        mine = str(self.settings.netns_dir)
+        for pod, entry in entries.items():
+            if pod in self.desired or not str(entry.spec.netns).startswith(mine):
+                continue
+            logger.info("removing capture of a pod that left", extra={"pod": pod})
+            try:
+                await asyncio.to_thread(self.redirector.unenroll, entry.spec)
+            except AgentError as exc:
+                logger.warning("stale unenroll failed", extra={"pod": pod, "error": str(exc)})
+            uid = entry.spec.netns.name
+            await asyncio.to_thread(discover.release, uid, self.settings.netns_dir)
+
+    async def unenroll_all(self) -> None:
+        """Unenroll every enrolled pod (`--cleanup-on-exit`)."""
+        for key in list(self.enrolled):
+            await self._unenroll(self.enrolled[key].pod)
+
+    async def _enroll(self, pod: PodSpec, candidates: dict[str, list[discover.Candidate]]) -> None:
+        net = await asyncio.to_thread(
+            discover.discover,
+            pod.uid,
+            pod.ip,
+            candidates=candidates,
+            netns_dir=self.settings.netns_dir,
+        )
+        if isinstance(net, discover.NotFound):
+            if self.pending.get(pod.key) != net.reason:
+                logger.info("pod not found yet", extra={"pod": pod.key, "reason": net.reason})
+            self.pending[pod.key] = net.reason
+            return
+        try:
+            await self._serve(pod, net)
+        except BaseException:
+            await asyncio.to_thread(discover.release, pod.uid, self.settings.netns_dir)
+            raise
+
+    async def _serve(self, pod: PodSpec, net: discover.PodNetwork) -> None:
+        assert self.pool is not None  # noqa: S101 - set by attach()
+        assert self.identity is not None  # noqa: S101 - set by attach()
+        spec = capture_spec(pod, net)
+        listeners: PodListeners = await asyncio.to_thread(
+            open_pod_listeners,
+            net.netns,
+            outbound_port=spec.outbound_port,
+            inbound_port=spec.inbound_port,
+        )
+        ids = (f"{pod.key}/{pod.uid}/outbound", f"{pod.key}/{pod.uid}/inbound")
+        try:
+            await asyncio.to_thread(self.redirector.enroll, spec)
+            if self.mode is Mode.EBPF:  # its maps exist once the pod is enrolled
+                self.redirector.set_inbound_listener(spec, listeners.inbound)
+        except BaseException:
+            listeners.close()
+            raise
+        for lid, kind, sock in (
+            (ids[0], ListenerKind.OUTBOUND, listeners.outbound),
+            (ids[1], ListenerKind.INBOUND, listeners.inbound),
+        ):
+            self.pool.add_listener(
+                listener_id=lid, pod=pod.key, kind=kind, netns=str(net.netns), sock=sock
+            )
+        ident = self.identity.acquire(pod.namespace, pod.service_account).dns_name
+        self.identities[(pod.namespace, pod.service_account)] = ident
+        entry = Enrolled(pod=pod, spec=spec, net=net, identity=ident, listener_ids=ids)
+        self.enrolled[pod.key] = entry
+        self._push_pod(entry)
+        self._watch_policies(entry)
+        self.pending.pop(pod.key, None)
+        logger.info(
+            "pod enrolled",
+            extra={"pod": pod.key, "ip": pod.ip, "netns": str(net.netns_id), "identity": ident},
+        )
+
+    def _push_pod(self, e: Enrolled) -> None:
+        assert self.pool is not None  # noqa: S101 - set by attach()
+        pod = e.pod
+        info = state.PodInfo(
+            namespace=pod.namespace,
+            name=pod.name,
+            uid=pod.uid,
+            ip=pod.ip,
+            netns=str(e.net.netns),
+            service_account=pod.service_account,
+            identity=e.identity,
+            node=self.settings.node,
+            opaque_ports=_ports(e.spec.opaque_ports, pod.container_ports),
+            skip_inbound_ports=_ports(e.spec.skip_inbound_ports, pod.container_ports),
+            owner_labels=self._owner_labels(pod),
+        )
+        self.pool.broadcast(ch.StateUpdate(key=(state.POD, pod.key), value=info))
+        self.pool.broadcast(ch.StateUpdate(key=(state.POD_IP, pod.ip), value=pod.key))
+
+    def _watch_policies(self, e: Enrolled) -> None:
+        assert self.client is not None  # noqa: S101 - set by attach()
+        want = {PolicyKey(e.pod.namespace, e.pod.name, p) for p in e.pod.container_ports}
+        for key in e.policy_keys - want:
+            self.client.unwatch(key)
+        for key in want - e.policy_keys:
+            self.client.watch_policy(key.ns, key.pod, key.port)
+        e.policy_keys = want
+
+    async def _update(self, old: PodSpec, new: PodSpec) -> None:
+        assert self.identity is not None  # noqa: S101 - set by attach()
+        e = self.enrolled[old.key]
+        spec = capture_spec(new, e.net)
+        await asyncio.to_thread(self.redirector.enroll, spec)
+        if new.service_account != old.service_account:
+            e.identity = self.identity.acquire(new.namespace, new.service_account).dns_name
+            self.identities[(new.namespace, new.service_account)] = e.identity
+            self.identity.release(old.namespace, old.service_account)
+        e.pod, e.spec = new, spec
+        self._push_pod(e)
+        self._watch_policies(e)
+        logger.info("pod updated", extra={"pod": new.key})
+
+    async def _unenroll(self, pod: PodSpec) -> None:
+        assert self.pool is not None  # noqa: S101 - set by attach()
+        assert self.client is not None  # noqa: S101 - set by attach()
+        assert self.identity is not None  # noqa: S101 - set by attach()
+        e = self.enrolled.pop(pod.key, None)
+        if e is None:
+            return
+        for lid in e.listener_ids:
+            self.pool.remove_listener(lid, drain_s=self.settings.grace)
+        for key in e.policy_keys:
+            self.client.unwatch(key)
+        self.pool.broadcast(ch.StateDelete(key=(state.POD, pod.key)))
+        self.pool.broadcast(ch.StateDelete(key=(state.POD_IP, pod.ip)))
+        self.identity.release(pod.namespace, pod.service_account)
+        with contextlib.suppress(AttributeError):
+            self.aggregator.forget_pod(pod.namespace, pod.name)
+        try:
+            await asyncio.to_thread(self.redirector.unenroll, e.spec)
+        finally:
+            await asyncio.to_thread(discover.release, pod.uid, self.settings.netns_dir)
+        logger.info("pod unenrolled", extra={"pod": pod.key})
+
+    def _owner_labels(self, pod: PodSpec) -> dict[str, str]:
+        """`deployment=NAME` of the pod: the Deployment whose selector matches it, or the
+        name minus its ReplicaSet hash and suffix (`web-7d4b9c-x2x` -> `web`)."""
+        labels = dict(pod.labels)
+        if self.controlplane is not None:
+            from agent.controlplane import kinds_core as k8s  # noqa: PLC0415 - embedded only
+
+            snap = self.controlplane.store.snapshot()
+            for dep in snap.of_kind(k8s.Deployment, pod.namespace):
+                sel = dep.selector
+                if (sel.match_labels or sel.match_expressions) and sel.matches(labels):
+                    return {"deployment": dep.name}
+        template_hash = labels.get("pod-template-hash")
+        marker = f"-{template_hash}-"
+        if template_hash and marker in pod.name:
+            return {"deployment": pod.name.rsplit(marker, 1)[0]}
+        return {}
+
+
+def capture_spec(pod: PodSpec, net: discover.PodNetwork) -> CaptureSpec:
+    """The pod's `CaptureSpec`, from its and its namespace's annotations (step 2)."""
+    return capture_annotations.build_spec(
+        pod=pod.key,
+        netns=net.netns,
+        pod_ip=pod.ip,
+        pod_annotations=pod.pod_annotations,
+        namespace_annotations=pod.ns_annotations,
+        cgroup=net.cgroup,
+        named_ports=pod.port_names,
+    )
+
+
+def choose_mode(redirect: str) -> Mode:
+    """The mode `--redirect` names, or for `auto` the one this kernel supports (rule 4)."""
+    return Mode(redirect) if redirect != "auto" else _auto_mode()
+
+
+def make_redirector(
+    mode: Mode, registry: Registry, *, iptables_mode: str, iptables_writer: str
+) -> Any:
+    """The redirector of `mode` (rule 4).
+
+    Raises:
+        SettingError: see `_ebpf_redirector`.
+    """
+    if mode is Mode.EBPF:
+        return _ebpf_redirector(registry)
+    return iptables.redirector_for(
+        mode, registry=registry, iptables_mode=iptables_mode, writer=iptables_writer
+    )
+
+
+def _ebpf_redirector(registry: Registry) -> Any:
+    """The eBPF redirector, pinned under MESHAGENT_BPF_PIN_ROOT (default /sys/fs/bpf/meshagent).
+
+    Agents sharing a machine (the sandbox's nodes, tests) each take their own pin root.
+
+    Raises:
+        SettingError: a bad MESHAGENT_EBPF_* value, or eBPF mode missing from this build.
+    """
+    try:
+        from agent.redirect import ebpf  # noqa: PLC0415 - bcc is slow to import
+    except ImportError:
+        raise SettingError(
+            "--redirect", "ebpf", "eBPF mode is not available in this build"
+        ) from None
+    raw = os.environ.get(ENV_BPF_PIN_ROOT, "").strip()
+    pin_root = Path(raw) if raw else ebpf.PIN_ROOT
+    if not pin_root.is_absolute() or ebpf.BPFFS not in pin_root.parents:
+        raise SettingError(ENV_BPF_PIN_ROOT, raw, f"must be a directory under {ebpf.BPFFS}")
+    return ebpf.EbpfRedirector(pin_root=pin_root, registry=registry)
+
+
+def _auto_mode() -> Mode:
+    from agent.redirect import check  # noqa: PLC0415 - only for --redirect auto
+
+    mode, reason = check.auto_mode(check.ebpf_checks())
+    logger.info("redirect mode chosen", extra={"mode": mode, "reason": reason})
+    return Mode(mode)
+
+
+def _ports(ports: Any, candidates: tuple[int, ...]) -> frozenset[int]:
+    """The ports of a `PortSet` among a pod's ports and the well-known opaque ones."""
+    universe = set(candidates)
+    for r in getattr(ports, "ranges", ()):
+        if r.last - r.first < 4096:
+            universe.update(range(r.first, r.last + 1))
+    return frozenset(p for p in universe if p in ports)
