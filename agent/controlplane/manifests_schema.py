@@ -1,16 +1,24 @@
-"""pydantic models of the manifest documents meshagent reads (the shapes, not the meaning).
+"""pydantic shapes of manifest documents: the values and parts every kind shares.
 
-One model per Kubernetes/Linkerd/Gateway-API object part, validated field by
-field; `agent.controlplane.manifests` converts a validated `*Doc` into a
-`kinds_core`/`kinds_linkerd` dataclass and turns validation errors into `ManifestError`s.
+The schema of the manifest loader, split as the resource model is: this base
+holds the value validators and types (IP, port, duration, CIDR, regex), the
+`Model` every shape derives from, metadata, selectors, object refs,
+containers, networks and `Doc` (a document with metadata); `schema_core`
+(v1, apps/v1, discovery.k8s.io/v1) and `schema_linkerd` (linkerd.io,
+policy.linkerd.io, HTTPRoute) hold one `*Doc` per kind. `convert_core` and
+`convert_linkerd` turn a validated `*Doc` into a `kinds_core`/`kinds_linkerd`
+dataclass; `documents` turns validation errors into `ManifestError`s.
 
 Rules:
-1. Only `manifests` imports this module; no model leaves the two of them.
+1. Only the manifest loader (`documents`, `convert_core`, `convert_linkerd`)
+   imports the schema modules; no model leaves it.
 2. Field validators raise `ValueError` (pydantic locates it in the document);
-   checks that need several fields or the whole object live in `manifests`'s
-   converters, which raise its `_Invalid` with a dotted field path.
+   checks that need several fields or the whole object live in the converters,
+   which raise `convert_core.Invalid` with a dotted field path.
 3. Fields use snake_case names with camelCase aliases, like the YAML; unknown
    fields are ignored and `key:` with no value means unset, as in Kubernetes.
+4. Shapes only, no meaning: this base imports neither `schema_core` nor
+   `schema_linkerd`, and they never import each other (import-linter layers).
 """
 
 from __future__ import annotations
@@ -19,15 +27,7 @@ import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    field_validator,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from agent.controlplane import kinds_linkerd as l5d
@@ -36,7 +36,8 @@ from agent.controlplane import resources as r
 # --- value validators (raise ValueError; pydantic locates them) ----------------
 
 
-def _ip(value: str) -> str:
+def check_ip(value: str) -> str:
+    """`value` if empty or an IP address; raises `ValueError` otherwise."""
     if value:
         try:
             ipaddress.ip_address(value)
@@ -68,7 +69,8 @@ def _port_list(value: str) -> str:
     return value
 
 
-def _regex(value: str) -> str:
+def check_regex(value: str) -> str:
+    """`value` if it compiles as a Python regular expression; raises `ValueError` otherwise."""
     try:
         re.compile(value)
     except re.error as exc:
@@ -76,12 +78,13 @@ def _regex(value: str) -> str:
     return value
 
 
-IP = Annotated[str, AfterValidator(_ip)]
+IP = Annotated[str, AfterValidator(check_ip)]
 PortValue = Annotated[Any, AfterValidator(_port_value)]
 Port = Annotated[int, AfterValidator(r.check_port)]
 Duration = Annotated[Any, AfterValidator(_duration)]
 Cidr = Annotated[Any, AfterValidator(_cidr)]
-Regex = Annotated[str, AfterValidator(_regex)]
+Regex = Annotated[str, AfterValidator(check_regex)]
+PortList = Annotated[str, AfterValidator(_port_list)]
 Protocol = Literal["TCP", "UDP", "SCTP"]
 
 
@@ -175,409 +178,8 @@ class Network(Model):
     except_: list[Cidr] = Field([], alias="except")
 
 
-# --- core kinds ---------------------------------------------------------------------
+# --- the document every kind's `*Doc` extends -----------------------------------------
 
 
 class Doc(Model):
     metadata: Meta
-
-
-class PodSpec(Model):
-    service_account_name: str = ""
-    service_account: str = ""  # deprecated alias Kubernetes still reads
-    node_name: str = ""
-    hostname: str = ""
-    subdomain: str = ""
-    host_network: bool = False
-    containers: list[Container] = Field(min_length=1)
-
-
-class Condition(Model):
-    type: str
-    status: str
-
-
-class PodIP(Model):
-    ip: IP
-
-
-class PodStatus(Model):
-    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"] = "Pending"
-    pod_ip: IP = Field("", alias="podIP")
-    pod_ips: list[PodIP] = Field([], alias="podIPs")
-    host_ip: IP = Field("", alias="hostIP")
-    conditions: list[Condition] = []
-
-
-class PodDoc(Doc):
-    spec: PodSpec
-    status: PodStatus = PodStatus()
-
-
-class TemplateMeta(Model):
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-
-
-class Template(Model):
-    metadata: TemplateMeta = TemplateMeta()
-    spec: PodSpec
-
-
-class DeploymentSpec(Model):
-    replicas: int = Field(1, ge=0)
-    selector: Selector
-    template: Template
-
-
-class DeploymentDoc(Doc):
-    spec: DeploymentSpec
-
-
-class ServicePort(Model):
-    port: Port
-    target_port: PortValue | None = None
-    name: str = ""
-    protocol: Protocol = "TCP"
-    node_port: Port | None = None
-    app_protocol: str = ""
-
-
-class ServiceSpec(Model):
-    type: Literal["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"] = "ClusterIP"
-    cluster_ip: str = Field("", alias="clusterIP")
-    cluster_ips: list[IP] = Field([], alias="clusterIPs")
-    selector: dict[str, str] = {}
-    ports: list[ServicePort] = []
-    external_name: str = ""
-    publish_not_ready_addresses: bool = False
-
-    @field_validator("cluster_ip")
-    @classmethod
-    def _cluster_ip(cls, value: str) -> str:
-        return value if value == "None" else _ip(value)
-
-
-class ServiceDoc(Doc):
-    spec: ServiceSpec = ServiceSpec()
-
-
-class EndpointsAddress(Model):
-    ip: IP = Field(min_length=1)
-    hostname: str = ""
-    node_name: str = ""
-    target_ref: Ref | None = None
-
-
-class EndpointsPort(Model):
-    port: Port
-    name: str = ""
-    protocol: Protocol = "TCP"
-
-
-class Subset(Model):
-    addresses: list[EndpointsAddress] = []
-    not_ready_addresses: list[EndpointsAddress] = []
-    ports: list[EndpointsPort] = []
-
-
-class EndpointsDoc(Doc):
-    subsets: list[Subset] = []
-
-
-class SliceConditions(Model):
-    ready: bool = True
-    serving: bool = True
-    terminating: bool = False
-
-
-class SliceEndpoint(Model):
-    addresses: list[str] = Field(min_length=1)
-    conditions: SliceConditions = SliceConditions()
-    hostname: str = ""
-    node_name: str = ""
-    zone: str = ""
-    target_ref: Ref | None = None
-
-
-class SlicePort(Model):
-    port: Port | None = None
-    name: str = ""
-    protocol: Protocol = "TCP"
-
-
-class SliceDoc(Doc):
-    address_type: Literal["IPv4", "IPv6", "FQDN"]
-    endpoints: list[SliceEndpoint] = []
-    ports: list[SlicePort] = []
-
-    @model_validator(mode="after")
-    def _addresses_fit(self) -> SliceDoc:
-        if self.address_type != "FQDN":
-            for ep in self.endpoints:
-                for addr in ep.addresses:
-                    _ip(addr)
-        return self
-
-
-# --- ServiceProfile ---------------------------------------------------------------
-
-
-def _one_or_any(value: Any) -> Any:
-    """The CRD types request `not` as a list; Linkerd's Go type is one match."""
-    if isinstance(value, list):
-        return value[0] if len(value) == 1 else {"any": value}
-    return value
-
-
-Method = Literal["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]
-
-
-class RequestMatch(Model):
-    all: list[RequestMatch] = []
-    any: list[RequestMatch] = []
-    not_: Annotated[RequestMatch | None, BeforeValidator(_one_or_any)] = Field(None, alias="not")
-    method: Method | None = None
-    path_regex: Regex = ""
-
-    @model_validator(mode="after")
-    def _not_empty(self) -> RequestMatch:
-        if not (self.all or self.any or self.not_ or self.method or self.path_regex):
-            raise ValueError("a request match needs one of all, any, not, method, pathRegex")
-        return self
-
-
-class Range(Model):
-    min: int | None = Field(None, ge=100, le=599)
-    max: int | None = Field(None, ge=100, le=599)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Range:
-        if self.min is None and self.max is None:
-            raise ValueError("a status range needs min and/or max")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError("status range min is greater than max")
-        return self
-
-
-class ResponseMatch(Model):
-    all: list[ResponseMatch] = []
-    any: list[ResponseMatch] = []
-    not_: ResponseMatch | None = Field(None, alias="not")
-    status: Range | None = None
-
-    @model_validator(mode="after")
-    def _not_empty(self) -> ResponseMatch:
-        if not (self.all or self.any or self.not_ or self.status):
-            raise ValueError("a response match needs one of all, any, not, status")
-        return self
-
-
-class ResponseClass(Model):
-    condition: ResponseMatch
-    is_failure: bool = False
-
-
-class Route(Model):
-    name: str = Field(min_length=1)
-    condition: RequestMatch
-    response_classes: list[ResponseClass] = []
-    is_retryable: bool = False
-    timeout: Duration | None = None
-
-
-class RetryBudget(Model):
-    retry_ratio: float = Field(ge=0)
-    min_retries_per_second: int = Field(ge=0)
-    ttl: Duration
-
-
-class WeightedDst(Model):
-    authority: str = Field(min_length=1)
-    weight: Annotated[Any, AfterValidator(r.parse_quantity)]
-
-
-class ProfileSpec(Model):
-    routes: list[Route] = []
-    retry_budget: RetryBudget | None = None
-    opaque_ports: list[Annotated[str, AfterValidator(_port_list)]] = []
-    dst_overrides: list[WeightedDst] = []
-
-
-class ProfileDoc(Doc):
-    spec: ProfileSpec = ProfileSpec()
-
-
-# --- policy.linkerd.io ---------------------------------------------------------------
-
-_IDENTITY = re.compile(r"^(\*|[a-z0-9]([-a-z0-9]*[a-z0-9])?)(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def _identity(value: str) -> str:
-    if not _IDENTITY.match(value):
-        raise ValueError(f"{value!r} is not an identity (DNS name, optionally starting with *)")
-    return value
-
-
-Identity = Annotated[str, AfterValidator(_identity)]
-
-
-class ServerSpec(Model):
-    pod_selector: Selector | None = None
-    port: PortValue
-    proxy_protocol: Literal["unknown", "HTTP/1", "HTTP/2", "gRPC", "opaque", "TLS"] = "unknown"
-    access_policy: Literal[
-        "all-unauthenticated",
-        "all-authenticated",
-        "cluster-unauthenticated",
-        "cluster-authenticated",
-        "deny",
-        "audit",
-    ] = "deny"
-
-
-class ServerDoc(Doc):
-    spec: ServerSpec
-
-
-class SARef(Model):
-    name: str = Field(min_length=1)
-    namespace: str = ""
-
-
-class MeshTLS(Model):
-    unauthenticated_tls: bool = Field(default=False, alias="unauthenticatedTLS")
-    identities: list[Identity] = []
-    service_accounts: list[SARef] = []
-
-
-class Client(Model):
-    networks: list[Network] = []
-    unauthenticated: bool = False
-    mesh_tls: MeshTLS | None = Field(None, alias="meshTLS")
-
-
-class ServerTarget(Model):
-    name: str = ""
-    selector: Selector | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> ServerTarget:
-        if bool(self.name) == (self.selector is not None):
-            raise ValueError("exactly one of name and selector is required")
-        return self
-
-
-class SazSpec(Model):
-    server: ServerTarget
-    client: Client
-
-
-class SazDoc(Doc):
-    spec: SazSpec
-
-
-class AuthzSpec(Model):
-    target_ref: Ref
-    required_authentication_refs: list[Ref]
-
-
-class AuthzDoc(Doc):
-    spec: AuthzSpec
-
-
-class MeshTLSAuthSpec(Model):
-    identities: list[Identity] = []
-    identity_refs: list[Ref] = []
-
-
-class MeshTLSAuthDoc(Doc):
-    spec: MeshTLSAuthSpec
-
-
-class NetworkAuthSpec(Model):
-    networks: list[Network] = Field(min_length=1)
-
-
-class NetworkAuthDoc(Doc):
-    spec: NetworkAuthSpec
-
-
-# --- HTTPRoute -------------------------------------------------------------------------
-
-
-class PathMatch(Model):
-    type: Literal["Exact", "PathPrefix", "RegularExpression"] = "PathPrefix"
-    value: str = "/"
-
-    @model_validator(mode="after")
-    def _value_fits(self) -> PathMatch:
-        if self.type == "RegularExpression":
-            _regex(self.value)
-        elif not self.value.startswith("/"):
-            raise ValueError(f"{self.type} path must start with '/'")
-        return self
-
-
-class ValueMatch(Model):
-    name: str = Field(min_length=1)
-    value: str
-    type: Literal["Exact", "RegularExpression"] = "Exact"
-
-    @model_validator(mode="after")
-    def _value_fits(self) -> ValueMatch:
-        if self.type == "RegularExpression":
-            _regex(self.value)
-        return self
-
-
-class RouteMatch(Model):
-    path: PathMatch | None = None
-    headers: list[ValueMatch] = []
-    query_params: list[ValueMatch] = []
-    method: Method | None = None
-
-
-class BackendRef(Model):
-    name: str = Field(min_length=1)
-    namespace: str = ""
-    port: Port | None = None
-    weight: int = Field(1, ge=0)
-    kind: str = "Service"
-    group: str = ""
-
-
-class Filter(Model):
-    type: str
-
-
-class Timeouts(Model):
-    request: Duration | None = None
-    backend_request: Duration | None = None
-
-
-class RouteRule(Model):
-    matches: list[RouteMatch] = []
-    backend_refs: list[BackendRef] = []
-    filters: list[Filter] = []
-    timeouts: Timeouts = Timeouts()
-
-
-class ParentRef(Model):
-    name: str = Field(min_length=1)
-    kind: str = "Gateway"
-    group: str | None = None
-    namespace: str = ""
-    port: Port | None = None
-    section_name: str = ""
-
-
-class HTTPRouteSpec(Model):
-    parent_refs: list[ParentRef] = []
-    hostnames: list[str] = []
-    rules: list[RouteRule] = []
-
-
-class HTTPRouteDoc(Doc):
-    api_version: str
-    spec: HTTPRouteSpec = HTTPRouteSpec()

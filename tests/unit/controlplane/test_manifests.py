@@ -1,16 +1,14 @@
-"""Manifest parsing: typed objects out, located errors for bad documents, the rest still loads."""
+"""Manifest loading end to end: a bad document is located and the rest still loads.
+
+Also the files (JSON, unreadable), the checks across documents and the examples folder.
+"""
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 
 import pytest
-import yaml
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from agent.controlplane import kinds
 from agent.controlplane import kinds_core as k8s
 from agent.controlplane import kinds_linkerd as l5d
 from agent.controlplane import resources as r
@@ -19,7 +17,6 @@ from agent.controlplane.manifests import (
     load_file,
     load_folder,
     parse_text,
-    split_documents,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -29,14 +26,6 @@ apiVersion: v1
 kind: ServiceAccount
 metadata: {name: good, namespace: shop}
 """
-
-
-def _one(text: str) -> kinds.Resource:
-    objects, errors = parse_text(text, file="t.yaml")
-    assert errors == []
-    assert len(objects) == 1
-    return objects[0]
-
 
 SERVER_HEAD = (
     "apiVersion: policy.linkerd.io/v1beta3\nkind: Server\nmetadata: {name: srv, namespace: shop}\n"
@@ -233,53 +222,7 @@ def test_bad_document_is_located_and_rejects_only_itself(bad, where, reason):
     assert {"good", "also-good"} <= names
 
 
-def test_broken_yaml_error_names_the_file_line():
-    text = GOOD + "---\nkind: Service\nmetadata: {name: [\n"
-    _, errors = parse_text(text, file="f.yaml")
-    assert len(errors) == 1
-    assert "line 6" in errors[0].reason or "line 7" in errors[0].reason
-
-
-def test_error_message_reads_file_index_kind_name_field():
-    _, errors = parse_text("apiVersion: v1\nkind: Gizmo\nmetadata: {name: g}\n", file="a.yaml")
-    assert str(errors[0]) == "a.yaml document 0 (Gizmo/g) field kind: unknown kind 'Gizmo'"
-
-
-# --- documents and lists -------------------------------------------------------------
-
-
-def test_empty_documents_are_skipped_but_counted():
-    text = (
-        "# header\n---\n---\n"
-        + GOOD
-        + "---\n\n---\napiVersion: v1\nkind: Gizmo\nmetadata: {name: g}\n"
-    )
-    objects, errors = parse_text(text, file="f.yaml")
-    assert [o.name for o in objects] == ["good"]
-    assert errors[0].index == 3  # empty, good, empty, gizmo
-
-
-def test_split_documents_keeps_line_offsets_and_drops_comment_preamble():
-    chunks = split_documents("# c\n---\na: 1\n--- # next\nb: 2\n")
-    assert [start for start, _ in chunks] == [1, 3]
-    assert chunks[1][1].startswith("--- # next")
-
-
-def test_list_items_load_and_bad_items_are_located_under_items():
-    text = """\
-apiVersion: v1
-kind: List
-items:
-  - apiVersion: v1
-    kind: ServiceAccount
-    metadata: {name: one, namespace: shop}
-  - apiVersion: v1
-    kind: Gizmo
-    metadata: {name: two}
-"""
-    objects, errors = parse_text(text, file="l.yaml")
-    assert [o.name for o in objects] == ["one"]
-    assert (errors[0].index, errors[0].field, errors[0].kind) == (0, "items[1].kind", "Gizmo")
+# --- files ---------------------------------------------------------------------------------
 
 
 def test_json_file_loads(tmp_path):
@@ -298,217 +241,6 @@ def test_unreadable_file_is_one_error(tmp_path):
     assert objects == []
     assert len(errors) == 1
     assert "cannot read" in errors[0].reason
-
-
-# --- typed objects and defaults --------------------------------------------------------
-
-
-def test_pod_reads_status_like_kubectl_prints_it():
-    pod = _one(
-        """\
-apiVersion: v1
-kind: Pod
-metadata:
-  name: web-1
-  namespace: shop
-  uid: 1234
-  labels: {app: web}
-spec:
-  nodeName: node-a
-  containers:
-    - name: web
-      ports: [{name: http, containerPort: 8080}]
-status:
-  phase: Running
-  podIP: 10.0.0.5
-  podIPs: [{ip: 10.0.0.5}]
-  conditions:
-    - {type: Initialized, status: "True"}
-    - {type: Ready, status: "True", lastTransitionTime: 2024-01-01T00:00:00Z}
-""".replace("uid: 1234", "uid: '1234'")
-    )
-    assert isinstance(pod, k8s.Pod)
-    assert pod.service_account == "default"
-    assert pod.node_name == "node-a"
-    assert pod.status == k8s.PodStatus(
-        phase=k8s.PodPhase.RUNNING, pod_ip="10.0.0.5", pod_ips=("10.0.0.5",), ready=True
-    )
-    assert pod.port("http") == 8080
-    assert pod.uid == "1234"
-
-
-def test_pod_without_ready_condition_is_not_ready():
-    pod = _one(
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c}]}\n"
-        "status: {phase: Running, podIP: 10.0.0.9, conditions: [{type: Ready, status: 'False'}]}\n"
-    )
-    assert isinstance(pod, k8s.Pod)
-    assert pod.status.ready is False
-    assert pod.namespace == "default"
-
-
-def test_service_defaults_target_port_to_port_and_keeps_named_target():
-    svc = _one("""\
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: shop}
-spec:
-  clusterIP: 10.96.0.10
-  selector: {app: web}
-  ports:
-    - {name: http, port: 80, targetPort: http}
-    - {name: admin, port: 9000}
-    - {name: alt, port: 81, targetPort: "8081"}
-""")
-    assert isinstance(svc, k8s.Service)
-    assert [p.target_port for p in svc.ports] == ["http", 9000, 8081]
-    assert svc.type is k8s.ServiceType.CLUSTER_IP
-    assert svc.cluster_ips == ("10.96.0.10",)
-    assert svc.selector == {"app": "web"}
-
-
-def test_service_profile_is_fully_typed():
-    profile = _one("""\
-apiVersion: linkerd.io/v1alpha2
-kind: ServiceProfile
-metadata: {name: api.shop.svc.cluster.local, namespace: shop}
-spec:
-  opaquePorts: ["5432", "6000-6002"]
-  dstOverrides:
-    - {authority: api-v2.shop.svc.cluster.local:8080, weight: 500m}
-  routes:
-    - name: tree
-      condition:
-        all:
-          - method: GET
-          - any:
-              - pathRegex: /a
-              - not: {pathRegex: /b}
-      responseClasses:
-        - condition: {not: {status: {min: 200, max: 399}}}
-          isFailure: true
-      timeout: 1m30s
-  retryBudget: {retryRatio: 0.2, minRetriesPerSecond: 10, ttl: 10s}
-""")
-    assert isinstance(profile, l5d.ServiceProfile)
-    route = profile.routes[0]
-    assert route.timeout == 90.0
-    inner = route.condition.all[1].any[1]
-    assert inner.not_ == l5d.RequestMatch(path_regex="/b")
-    rc = route.response_classes[0]
-    assert rc.is_failure
-    assert rc.condition.not_ is not None
-    assert rc.condition.not_.status == l5d.StatusRange(min=200, max=399)
-    assert profile.retry_budget == l5d.RetryBudget(
-        retry_ratio=0.2, min_retries_per_second=10, ttl=10.0
-    )
-    assert profile.opaque_ports == (r.PortRange(5432, 5432), r.PortRange(6000, 6002))
-    assert profile.dst_overrides == (
-        l5d.WeightedDst(authority="api-v2.shop.svc.cluster.local:8080", weight=0.5),
-    )
-
-
-def test_policy_objects_are_typed_with_linkerd_defaults():
-    objects, errors = parse_text("""\
-apiVersion: policy.linkerd.io/v1beta3
-kind: Server
-metadata: {name: srv, namespace: shop}
-spec:
-  podSelector:
-    matchExpressions: [{key: app, operator: In, values: [api, web]}]
-  port: 8080
----
-apiVersion: policy.linkerd.io/v1beta1
-kind: ServerAuthorization
-metadata: {name: saz, namespace: shop}
-spec:
-  server: {selector: {matchLabels: {tier: back}}}
-  client:
-    networks: [{cidr: 10.0.0.0/8, except: [10.1.0.0/16, 10.2.3.4]}]
-    meshTLS:
-      identities: ["*.shop.serviceaccount.identity.linkerd.cluster.local"]
-      serviceAccounts: [{name: web}, {name: load, namespace: other}]
----
-apiVersion: policy.linkerd.io/v1alpha1
-kind: NetworkAuthentication
-metadata: {name: nets, namespace: shop}
-spec:
-  networks: [{cidr: 192.168.0.0/16}, {cidr: "fd00::/8"}]
-""")
-    assert errors == []
-    srv, saz, nets = objects
-    assert isinstance(srv, l5d.Server)
-    assert srv.port == 8080
-    assert srv.proxy_protocol is l5d.ProxyProtocol.UNKNOWN
-    assert srv.access_policy is l5d.AccessPolicy.DENY
-    assert srv.pod_selector.matches({"app": "web"})
-    assert not srv.pod_selector.matches({"app": "db"})
-    assert isinstance(saz, l5d.ServerAuthorization)
-    assert saz.server_name == ""
-    assert saz.networks[0].contains("10.9.9.9")
-    assert not saz.networks[0].contains("10.1.2.3")
-    assert not saz.networks[0].contains("10.2.3.4")
-    assert saz.mesh_tls is not None
-    assert saz.mesh_tls.service_accounts[1] == l5d.ServiceAccountRef(name="load", namespace="other")
-    assert isinstance(nets, l5d.NetworkAuthentication)
-    assert nets.networks[1].cidr == ipaddress.ip_network("fd00::/8")
-
-
-def test_http_routes_of_both_groups_get_gateway_defaults():
-    objects, errors = parse_text("""\
-apiVersion: policy.linkerd.io/v1beta3
-kind: HTTPRoute
-metadata: {name: r, namespace: shop}
-spec:
-  parentRefs: [{name: api-http, kind: Server}]
-  rules:
-    - matches:
-        - path: {value: /retry}
-          method: GET
-          headers: [{name: x-user, value: "a.*", type: RegularExpression}]
-      timeouts: {request: 2s}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: r, namespace: shop}
-spec:
-  parentRefs: [{name: api, kind: Service, group: core, port: 8080}]
-""")
-    assert errors == []
-    policy, gateway = objects
-    assert isinstance(policy, l5d.HTTPRoute)
-    assert isinstance(gateway, l5d.HTTPRoute)
-    assert policy.key != gateway.key  # same name, different API groups
-    assert policy.parent_refs[0].group == "policy.linkerd.io"
-    match = policy.rules[0].matches[0]
-    assert match.path == l5d.PathMatch(type=l5d.PathMatchType.PATH_PREFIX, value="/retry")
-    assert match.headers[0].type is l5d.ValueMatchType.REGULAR_EXPRESSION
-    assert policy.rules[0].timeout == 2.0
-    assert gateway.rules == (l5d.RouteRule(),)  # default: PathPrefix "/"
-    assert gateway.rules[0].matches[0].path == l5d.PathMatch()
-
-
-def test_deployment_is_typed():
-    dep = _one("""\
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: api, namespace: shop}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: api}}
-  template:
-    metadata:
-      labels: {app: api, version: v1}
-      annotations: {linkerd.io/inject: enabled}
-    spec:
-      serviceAccountName: api
-      containers: [{name: api, ports: [{name: http, containerPort: 8080}]}]
-""")
-    assert isinstance(dep, k8s.Deployment)
-    assert dep.replicas == 2
-    assert dep.template.service_account == "api"
-    assert dep.template.annotations == {"linkerd.io/inject": "enabled"}
-    assert r.resolve_port(dep.template.containers, "http") == 8080
 
 
 # --- cross-document checks -------------------------------------------------------------
@@ -586,41 +318,3 @@ def test_examples_load_with_zero_errors():
     namespaces = {o.name: o for o in objects if isinstance(o, k8s.Namespace)}
     assert namespaces["shop"].annotations[r.INJECT_ANNOTATION] == "enabled"
     assert r.INJECT_ANNOTATION not in namespaces["outside"].annotations
-
-
-# --- fuzz: the parser never raises ------------------------------------------------------
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.text(max_size=300))
-def test_parse_text_never_raises_on_arbitrary_text(text):
-    objects, errors = parse_text(text, file="fuzz.yaml")
-    assert isinstance(objects, list)
-    assert all(e.file == "fuzz.yaml" for e in errors)
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    st.recursive(
-        st.none() | st.booleans() | st.integers() | st.text(max_size=10),
-        lambda inner: (
-            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
-        ),
-        max_leaves=20,
-    ),
-    st.sampled_from(["Service", "Pod", "Server", "ServiceProfile", "HTTPRoute", "Deployment"]),
-)
-def test_any_spec_shape_gives_objects_or_located_errors(spec, kind):
-    api = {
-        "Service": "v1",
-        "Pod": "v1",
-        "Server": "policy.linkerd.io/v1beta3",
-        "ServiceProfile": "linkerd.io/v1alpha2",
-        "HTTPRoute": "gateway.networking.k8s.io/v1",
-        "Deployment": "apps/v1",
-    }[kind]
-    doc = {"apiVersion": api, "kind": kind, "metadata": {"name": "x"}, "spec": spec}
-    objects, errors = parse_text(yaml.safe_dump(doc), file="f.yaml")
-    assert len(objects) + len(errors) == 1
-    if errors:
-        assert (errors[0].kind, errors[0].name, errors[0].index) == (kind, "x", 0)
