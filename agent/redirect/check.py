@@ -91,9 +91,9 @@ def check_cgroup2() -> CheckResult:
 
 
 def check_backends() -> list[CheckResult]:
-    from agent.redirect import iptables  # noqa: PLC0415
+    from agent.redirect import iptables_backend  # noqa: PLC0415
 
-    have = iptables.available_backends()
+    have = iptables_backend.available_backends()
     out = [
         CheckResult(
             name="iptables backends present",
@@ -103,7 +103,7 @@ def check_backends() -> list[CheckResult]:
         )
     ]
     if have:
-        det = iptables.detect_backend("auto")
+        det = iptables_backend.detect_backend("auto")
         out.append(
             CheckResult(
                 name="host iptables backend", ok=True, detail=f"{det.backend.value}: {det.reason}"
@@ -154,7 +154,7 @@ _FEATURES = {
 
 def check_netfilter() -> list[CheckResult]:
     """Each needed netfilter feature, applied for real in a throwaway netns."""
-    from agent.redirect import iptables  # noqa: PLC0415
+    from agent.redirect import iptables_backend  # noqa: PLC0415
 
     results: list[CheckResult] = []
     try:
@@ -173,8 +173,8 @@ def check_netfilter() -> list[CheckResult]:
         results.append(
             CheckResult(name="network namespaces usable", ok=True, detail="created, lo up")
         )
-        for backend in iptables.available_backends():
-            restore = iptables.binary(backend, "restore")
+        for backend in iptables_backend.available_backends():
+            restore = iptables_backend.binary(backend, "restore")
             for feature, rule in _FEATURES.items():
                 text = f"*nat\n{rule}\nCOMMIT\n"
                 done = subprocess.run(

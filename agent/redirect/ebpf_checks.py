@@ -13,15 +13,8 @@ import os
 
 from agent.redirect import maps
 from agent.redirect.check import CheckResult
-from agent.redirect.ebpf import (
-    BPFFS,
-    HEADERS_HINT,
-    PROGRAMS,
-    Program,
-    bpffs_mounted,
-    cgroup2_mount,
-    headers_dir,
-)
+from agent.redirect.ebpf_compile import HEADERS_HINT, PROGRAMS, Program, headers_dir
+from agent.redirect.ebpf_node import BPFFS, bpffs_mounted, cgroup2_mount
 
 # Tiny programs: `r0 = 1; exit` (1 is "allow" for cgroup hooks, SK_PASS for the others).
 _TINY = bytes.fromhex("b7000000010000009500000000000000")

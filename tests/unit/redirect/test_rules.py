@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from agent.redirect import rules
-from agent.redirect.iptables import Backend, choose_backend, state_from_save
 from agent.redirect.model import CaptureSpec, PortRange, PortSet
 
 
@@ -230,40 +229,3 @@ def test_drift_names_a_deleted_rule_and_a_missing_jump():
     got = rules.drift(rules.plan(RECORDED_SPEC), rules.parse_save(broken))
     assert any("missing" in d and "ignore-loopback" in d for d in got)
     assert any("missing" in d and "install-proxy-init-prerouting" in d for d in got)
-
-
-def test_state_from_save_reports_capture_counters_and_drift():
-    state = state_from_save(RECORDED_SPEC, RECORDED, backend=Backend.NFT)
-    assert (state.inbound, state.outbound, state.drift) == ("captured", "captured", ())
-    assert state.counters["inbound_packets"] == 2
-    assert state.counters["outbound_bytes"] == 180
-    assert state.counters["outbound_skipped_packets"] == 2
-    assert "out:22,1000-2000" in state.skipped_ports
-    broken = RECORDED.replace(
-        '[0:0] -A PROXY_INIT_OUTPUT -o lo -m comment --comment "proxy-init/ignore-loopback" -j RETURN\n',
-        "",
-    )
-    state = state_from_save(RECORDED_SPEC, broken, backend=Backend.NFT)
-    assert state.outbound == "drift"
-    assert state.inbound == "captured"
-    assert state.drift
-
-
-def test_state_from_save_of_an_empty_netns_is_missing():
-    state = state_from_save(spec(), "", backend=Backend.LEGACY)
-    assert (state.inbound, state.outbound) == ("missing", "missing")
-
-
-@pytest.mark.parametrize(
-    ("nft", "legacy", "default", "backend"),
-    [
-        (":KUBE-KUBELET-CANARY - [0:0]", "", None, Backend.NFT),
-        ("", ":KUBE-IPTABLES-HINT - [0:0]", Backend.NFT, Backend.LEGACY),
-        ("-A INPUT -j ACCEPT\n-A INPUT -j DROP", "-A INPUT -j ACCEPT", None, Backend.NFT),
-        ("-A INPUT -j ACCEPT", "-A X -j Y\n-A X -j Z", Backend.NFT, Backend.LEGACY),
-        ("", "", Backend.NFT, Backend.NFT),
-        ("", "", None, Backend.LEGACY),
-    ],
-)
-def test_backend_detection_follows_linkerd_init(nft, legacy, default, backend):
-    assert choose_backend(nft_save=nft, legacy_save=legacy, default=default).backend is backend
