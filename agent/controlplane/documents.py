@@ -87,7 +87,7 @@ def _parse_document(doc: Any, file: str, index: int, prefix: str = "") -> Loaded
     spec = _KINDS.get(kind)
     if spec is None:
         return fail(f"unknown kind {kind!r}", "kind", kind, name)
-    if api not in spec.versions:
+    if not isinstance(api, str) or api not in spec.versions:
         served = ", ".join(sorted(spec.versions))
         return fail(f"apiVersion {api!r} is not one of {served}", "apiVersion", kind, name)
     try:

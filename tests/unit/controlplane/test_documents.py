@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,14 @@ def test_broken_yaml_error_names_the_file_line():
 def test_error_message_reads_file_index_kind_name_field():
     _, errors = parse_text("apiVersion: v1\nkind: Gizmo\nmetadata: {name: g}\n", file="a.yaml")
     assert str(errors[0]) == "a.yaml document 0 (Gizmo/g) field kind: unknown kind 'Gizmo'"
+
+
+@pytest.mark.parametrize("api", ["{a: 1}", "[v1]", "1", "null"])
+def test_an_apiversion_that_is_not_a_string_is_a_located_error(api):
+    objects, errors = parse_text(f"apiVersion: {api}\nkind: Pod\nmetadata: {{name: p}}\n")
+    assert objects == []
+    assert [(e.kind, e.name, e.field) for e in errors] == [("Pod", "p", "apiVersion")]
+    assert "is not one of v1" in errors[0].reason
 
 
 # --- documents and lists -------------------------------------------------------------
