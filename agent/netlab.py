@@ -81,13 +81,28 @@ def _host_ns() -> str:
     return f"/proc/{os.getpid()}/ns/net"
 
 
-def _start_time(pid: int) -> int | None:
+def start_time(pid: int) -> int | None:
     """Field 22 of /proc/PID/stat: start time in clock ticks (identifies a PID)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def port_open(host: str, port: int, ns_path: str | Path | None = None) -> bool:
+    """A TCP connection to `host:port` succeeds within half a second (from `ns_path`'s netns)."""
+    try:
+        sock = netns.socket_in(ns_path) if ns_path else socket.socket()
+    except OSError:
+        return False
+    with sock:
+        sock.settimeout(0.5)
+        try:
+            sock.connect((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _ipr_do(path: str, fn: Callable[[Any], T]) -> T:
@@ -243,7 +258,7 @@ class Lab:
     def _save(self) -> None:
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
-        owner = {"pid": os.getpid(), "start": _start_time(os.getpid())}
+        owner = {"pid": os.getpid(), "start": start_time(os.getpid())}
         tmp.write_text(
             json.dumps({"prefix": self.prefix, "owner": owner, "records": self._records})
         )
@@ -255,7 +270,7 @@ class Lab:
 
     def track(self, proc: subprocess.Popen[Any]) -> None:
         self._procs[proc.pid] = proc
-        self._record(kind="proc", pid=proc.pid, start=_start_time(proc.pid))
+        self._record(kind="proc", pid=proc.pid, start=start_time(proc.pid))
 
     def untrack(self, proc: subprocess.Popen[Any]) -> None:
         self._procs.pop(proc.pid, None)
@@ -488,7 +503,7 @@ class Lab:
             except (OSError, ValueError):
                 owner = {}
             pid = owner.get("pid")
-            if pid and _start_time(pid) == owner.get("start"):
+            if pid and start_time(pid) == owner.get("start"):
                 continue  # still running
             errors += cls.cleanup_recorded(path.stem, state_dir=state_dir)
         return errors
@@ -507,7 +522,7 @@ def _kill_popen(proc: subprocess.Popen[Any]) -> None:
 
 
 def _kill_recorded(pid: int, start: int | None) -> None:
-    if start is None or _start_time(pid) != start:
+    if start is None or start_time(pid) != start:
         return  # gone, or the PID now belongs to someone else
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from agent.errors import AgentError
+from agent.netlab import port_open
 
 if TYPE_CHECKING:
     from agent.netlab import Lab, LabNode, LabPod
@@ -145,16 +146,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        try:
-            s.connect(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _http_status(url: str) -> int:
@@ -295,7 +286,7 @@ class MeshPlane:
         with log.open("wb") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
-        while not all(_port_open(p) for p in self.ports.values()):
+        while not all(port_open("127.0.0.1", p) for p in self.ports.values()):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise MeshError("control plane", f"did not listen: {_tail(log)}")

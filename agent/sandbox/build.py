@@ -27,7 +27,6 @@ Rules:
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from agent import config
+from agent.netlab import port_open
 from agent.redirect import netns
 from agent.sandbox import cluster
 from agent.sandbox.state import SANDBOX_DIR, SandboxError, State, spawn
@@ -314,20 +314,6 @@ def ensure_pki(identity_dir: Path | None, say: Callable[[str], None]) -> Path:
 # --- readiness -----------------------------------------------------------------------
 
 
-def _port_open(ns_path: Path | None, host: str, port: int) -> bool:
-    try:
-        sock = netns.socket_in(ns_path) if ns_path else socket.socket()
-    except OSError:
-        return False
-    with sock:
-        sock.settimeout(0.5)
-        try:
-            sock.connect((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def http_ok(url: str) -> bool:
     """`url` answers 200 within a second."""
     try:
@@ -340,7 +326,7 @@ def http_ok(url: str) -> bool:
 def app_ready(pod: dict[str, Any]) -> bool:
     """Every app port accepts on the pod's loopback."""
     path = netns.named_path(pod["netns"])
-    return all(_port_open(path, "127.0.0.1", p["port"]) for p in pod["ports"])
+    return all(port_open("127.0.0.1", p["port"], path) for p in pod["ports"])
 
 
 def _wait(what: str, check: Callable[[], bool], deadline: float, hint: str) -> None:
@@ -359,7 +345,7 @@ def wait_ready(state: State, deadline: float, say: Callable[[str], None]) -> Non
     logs = SANDBOX_DIR / "logs"
     _wait(
         "control plane",
-        lambda: all(_port_open(None, "127.0.0.1", p) for p in CONTROLPLANE_PORTS),
+        lambda: all(port_open("127.0.0.1", p) for p in CONTROLPLANE_PORTS),
         deadline,
         f"see {logs / 'controlplane.log'}",
     )

@@ -347,7 +347,7 @@ def example_call(data: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
     from agent.sandbox import view  # noqa: PLC0415
 
     pods = data.get("pods", [])
-    services = [s for s in view._services(data) if not s[3]]  # noqa: SLF001 - same package
+    services = [s for s in view.services(data) if not s[3]]
     for want_meshed in (True, False):
         for ns, name, port, _ in services:
             callers = [

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
-from agent.netlab import _start_time
+from agent.netlab import start_time
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -96,7 +96,7 @@ def _cmdline(pid: int) -> list[str] | None:
 def ours(rec: dict[str, Any]) -> bool:
     """The recorded process is still running, and is still the one we started."""
     pid = rec["pid"]
-    if _start_time(pid) != rec.get("start"):
+    if start_time(pid) != rec.get("start"):
         return False
     return _cmdline(pid) == rec.get("argv")
 
@@ -146,7 +146,7 @@ def spawn(  # noqa: PLR0913 - one process, fully described
         "procs",
         {
             "pid": proc.pid,
-            "start": _start_time(proc.pid),
+            "start": start_time(proc.pid),
             "argv": argv_now,
             "role": role,
             "name": name,

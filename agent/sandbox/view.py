@@ -27,7 +27,7 @@ STATS_DIR = Path("/run/meshagent/sandbox/stats")
 REFRESH = 2.0
 
 
-def _services(data: dict[str, Any]) -> list[tuple[str, str, int, bool]]:
+def services(data: dict[str, Any]) -> list[tuple[str, str, int, bool]]:
     """(namespace, service, port, opaque) from the generated manifests."""
     import yaml  # noqa: PLC0415
 
@@ -158,7 +158,7 @@ def run(
     """Start the drivers and redraw until `duration` (or forever: Ctrl-C)."""
     STATS_DIR.mkdir(parents=True, exist_ok=True)
     pods = {f"{p['namespace']}/{p['name']}": p for p in data.get("pods", [])}
-    for key, urls in traffic(list(pods.values()), _services(data)).items():
+    for key, urls in traffic(list(pods.values()), services(data)).items():
         stats = STATS_DIR / (key.replace("/", "__") + ".json")
         spawn([sys.executable, "-m", "agent.sandbox.load", "--stats", str(stats), *urls], pods[key])
     if agents is None:
