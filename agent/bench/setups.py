@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from agent import config
 from agent.bench import haproxy
 from agent.bench.mesh import BenchPod, MeshPlane, NodeAgent, make_pod
 from agent.errors import AgentError
@@ -71,6 +72,9 @@ ENV_ACCEL = "MESHAGENT_EBPF_ACCEL"  # agent.redirect.ebpf.ENV_ACCEL (bcc stays o
 POD_SYSCTLS = {
     "net/ipv4/tcp_tw_reuse": "1",
     "net/ipv4/ip_local_port_range": "1024 65000",
+    # Not ephemeral: a conn-rate load leaves thousands of TIME_WAIT client ports, and one on
+    # the agent's listener port makes the next agent's listen there fail (EADDRINUSE) for 60 s.
+    "net/ipv4/ip_local_reserved_ports": f"{config.OUTBOUND_PORT},{config.INBOUND_PORT}",
     "net/core/somaxconn": "4096",
 }
 
