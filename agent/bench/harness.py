@@ -3,9 +3,12 @@
 Rules:
 1. Setups run one after another under the same loads and durations; a setup
    or load that fails becomes a row with `error` and the run carries on.
-2. CPU seconds per row are the proxy processes' (user + system) during that
-   load (`Target.proxy_pids`); the load generator and servers run in their
-   pods and are not counted. `rss_mb` is the proxy processes' RSS after it.
+2. CPU seconds per row are the proxy processes' during that load
+   (`Target.proxy_pids`), read exactly from each process's CPU clock (the
+   scheduler's runtime: `cpu_seconds`), not from /proc's user + system, which
+   are tick samples (250 Hz here) and biased for a lightly loaded process by
+   when it wakes; the load generator and servers run in their pods and are
+   not counted. `rss_mb` is the proxy processes' RSS after it.
 3. `memory-P` starts `meshagent run` for P meshed pods (cli, srv and idle
    pods on node `a`, each with a process) for each meshagent capture mode in
    the run and reads RSS and PSS of the supervisor and of its workers, apart
@@ -42,6 +45,8 @@ if TYPE_CHECKING:
     from agent.bench.setups import Target, Topology
 
 logger = logging.getLogger(__name__)
+
+_CPUCLOCK_SCHED = 2  # Linux's process CPU clock ids: (~pid << 3) | CPUCLOCK_SCHED
 
 ALL_LOADS = (
     "http1-rr",
@@ -125,6 +130,15 @@ def _pick(text: str, known: tuple[str, ...], what: str, *, prefix: bool = False)
     return tuple(out)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """On-CPU seconds of process `pid`, every thread's, exited ones included (rule 2): its
+    POSIX process CPU clock (the scheduler's runtime, in ns), None once it is gone."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | _CPUCLOCK_SCHED)  # clock_getcpuclockid(pid)
+    except OSError:
+        return None
+
+
 @dataclass(slots=True)
 class _Cpu:
     """CPU seconds of a set of processes between `start` and `stop`."""
@@ -135,9 +149,9 @@ class _Cpu:
     def read(pids: list[int]) -> dict[int, float]:
         out = {}
         for pid in pids:
-            with contextlib.suppress(psutil.Error):
-                t = psutil.Process(pid).cpu_times()
-                out[pid] = t.user + t.system
+            seconds = cpu_seconds(pid)
+            if seconds is not None:
+                out[pid] = seconds
         return out
 
     def start(self, pids: list[int]) -> None:

@@ -1,10 +1,14 @@
-"""Choosing setups and loads from the CLI's values (no lab needed)."""
+"""Choosing setups and loads from the CLI's values; reading CPU time (no lab needed)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pytest
 
-from agent.bench.harness import ALL_LOADS, QUICK_MEMORY_PODS, Options, accel_delta
+from agent.bench.harness import ALL_LOADS, QUICK_MEMORY_PODS, Options, accel_delta, cpu_seconds
 
 
 def test_quick_runs_every_setup_and_short_loads_with_memory():
@@ -56,3 +60,44 @@ def test_repeat_needs_at_least_one_round():
     assert Options.make(quick=True, repeat=3).repeat == 3
     with pytest.raises(ValueError, match="--repeat must be at least 1, got 0"):
         Options.make(quick=True, repeat=0)
+
+
+def test_cpu_seconds_counts_a_busy_process_and_not_a_sleeping_one():
+    spin = "import time\nt=time.process_time()\nwhile time.process_time()-t<0.4: pass\n"
+    busy = subprocess.Popen([sys.executable, "-c", spin + "time.sleep(5)"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        time.sleep(0.2)  # both started
+        before = {p.pid: cpu_seconds(p.pid) for p in (busy, idle)}
+        time.sleep(0.8)
+        after = {p.pid: cpu_seconds(p.pid) for p in (busy, idle)}
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
+    assert after[busy.pid] - before[busy.pid] > 0.1  # it burned CPU for part of the window
+    assert after[idle.pid] - before[idle.pid] < 0.05
+    assert cpu_seconds(busy.pid) is None  # gone
+
+
+def test_cpu_seconds_sums_every_thread_of_a_process():
+    script = (
+        "import threading,time\n"
+        "def spin():\n"
+        "    t=time.thread_time()\n"
+        "    while time.thread_time()-t<0.3: pass\n"
+        "ts=[threading.Thread(target=spin) for _ in range(2)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "print(time.process_time(), flush=True); time.sleep(5)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        own = float(proc.stdout.readline())  # the process's own count, threads included
+        measured = cpu_seconds(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    assert measured is not None
+    assert measured >= 0.6
+    assert abs(measured - own) < 0.15
