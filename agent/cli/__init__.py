@@ -6,7 +6,7 @@ variable (agent.config). Handlers import their modules lazily so that a quick
 command does not pay for gRPC or bcc. Nothing in agent imports this package
 but `agent.__main__`; the `meshagent` entry point is `agent.cli:main`.
 
-This module is the top: `main`, `build_parser`, logging, and the helpers the
+This module is the top: `main`, `build_parser`, logging (`agent.logs`), and the helpers the
 nouns share. The nouns live in one module per group; each noun has one
 `register_<noun>(sub)` that declares its parser and verbs, with its handlers
 below it:
@@ -24,12 +24,11 @@ only inside `_nouns()`.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 
-from agent import __version__
+from agent import __version__, logs
 from agent.errors import AgentError
 from agent.render import FORMATS, render
 
@@ -102,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `meshagent` and `python -m agent`."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.log_level)
+    logs.setup(args.log_level)
     handler: Handler = args.handler
     try:
         return handler(args)
@@ -111,22 +110,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-class _KeyValueFormatter(logging.Formatter):
-    """`time level logger: message key=value ...` from `extra` fields."""
-
-    _STD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        base = super().format(record)
-        extra = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in self._STD)
-        return f"{base} {extra}" if extra else base
-
-
-def _setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_KeyValueFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "INFO")

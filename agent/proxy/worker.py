@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent import aio
+from agent import aio, logs
 from agent.errors import AgentError
 from agent.proxy import channel as ch
 from agent.proxy import record, tcp
@@ -554,25 +554,6 @@ async def _finish(conns: set[Conn], deadline_s: float) -> int:
 # --- process entry --------------------------------------------------------------------
 
 
-class _KeyValueFormatter(logging.Formatter):
-    _STD = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        base = super().format(record)
-        extra = " ".join(f"{k}={v}" for k, v in record.__dict__.items() if k not in self._STD)
-        return f"{base} {extra}" if extra else base
-
-
-def _setup_logging(level: str, worker_id: int) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    fmt = f"%(asctime)s %(levelname)s worker-{worker_id} %(name)s: %(message)s"
-    handler.setFormatter(_KeyValueFormatter(fmt))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    known = level.upper() in logging.getLevelNamesMapping()
-    root.setLevel(level.upper() if known else "INFO")
-
-
 def load_plugin(spec: str) -> None:
     """Import a plugin: a module name, or a path to a `.py` file.
 
@@ -608,7 +589,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m agent.proxy.worker`."""
     args = parse_args(argv)
-    _setup_logging(args.log_level, args.worker_id)
+    logs.setup(
+        args.log_level, f"%(asctime)s %(levelname)s worker-{args.worker_id} %(name)s: %(message)s"
+    )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for plugin in args.plugin:
         load_plugin(plugin)
