@@ -6,6 +6,11 @@ is a bridge, either in the host netns (reachable from the host) or inside its
 own "node" netns (isolated; nodes are joined with `Lab.link`, which routes each
 node's pod subnet to the other, so pods on two nodes reach each other).
 
+This module is the builder (`Lab`: nodes, pods, links, close) and the lab's
+public face: what it hands out and how pods run processes are in
+`agent.netlab_pods`, the state file and the removal of what it records in
+`agent.netlab_state`; their public names are re-exported here.
+
 Rules:
 1. A `Lab` owns everything it creates and records each thing in a JSON state
    file under /run/meshagent/lab/ *before* creating it; `close()` (and, after a
@@ -16,8 +21,8 @@ Rules:
    and interfaces are `<prefix><kind><n>`; namespaces are `<prefix>-<name>`
    (so `ip netns exec <prefix>-<name>` works) and cgroups are
    `<cgroup2 mount>/meshagent/<prefix>-<name>`.
-3. Processes start inside the pod's netns (`nsenter --net=`) and are moved
-   into its cgroup by the child itself before it execs anything.
+3. Processes start inside the pod's netns and join its cgroup before they
+   exec anything (`agent.netlab_pods` rule 1).
 4. All netlink work runs through `agent.redirect.netns.run_in`, never on an
    event loop thread.
 """
@@ -25,45 +30,51 @@ Rules:
 from __future__ import annotations
 
 import contextlib
-import errno
 import ipaddress
-import json
 import logging
 import os
 import re
-import signal
-import socket
 import subprocess
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self
 
-from agent.errors import AgentError
+from agent import netlab_state
+from agent.netlab_pods import LabError, LabNode, LabPod, port_open
+from agent.netlab_state import (
+    CGROUP_PARENT,
+    STATE_DIR,
+    ipr_do,
+    kill_popen,
+    start_time,
+    teardown,
+    write_state,
+)
 from agent.redirect import netns
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Iterator
+
+__all__ = [
+    "CGROUP_PARENT",
+    "LAB_POOL",
+    "LINK_POOL",
+    "STATE_DIR",
+    "Lab",
+    "LabError",
+    "LabNode",
+    "LabPod",
+    "cgroup2_root",
+    "lab",
+    "port_open",
+    "start_time",
+]
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-STATE_DIR = Path("/run/meshagent/lab")
-CGROUP_PARENT = "meshagent"
 LAB_POOL = ipaddress.IPv4Network("10.200.0.0/16")  # where free /24 node subnets come from
 LINK_POOL = ipaddress.IPv4Network("100.64.0.0/16")  # /30 transfer nets between nodes
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 _NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
-
-
-class LabError(AgentError):
-    """The lab could not create or remove something."""
-
-    def __init__(self, what: str, reason: str) -> None:
-        self.what = what
-        self.reason = reason
-        super().__init__(f"lab: {what}: {reason}")
 
 
 def cgroup2_root(mounts: str | None = None) -> Path | None:
@@ -75,157 +86,6 @@ def cgroup2_root(mounts: str | None = None) -> Path | None:
         if len(parts) >= 3 and parts[2] == "cgroup2":
             return Path(parts[1])
     return None
-
-
-def _host_ns() -> str:
-    return f"/proc/{os.getpid()}/ns/net"
-
-
-def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat: start time in clock ticks (identifies a PID)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def port_open(host: str, port: int, ns_path: str | Path | None = None) -> bool:
-    """A TCP connection to `host:port` succeeds within half a second (from `ns_path`'s netns)."""
-    try:
-        sock = netns.socket_in(ns_path) if ns_path else socket.socket()
-    except OSError:
-        return False
-    with sock:
-        sock.settimeout(0.5)
-        try:
-            sock.connect((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _ipr_do(path: str, fn: Callable[[Any], T]) -> T:
-    """Run `fn(IPRoute)` inside the namespace at `path`."""
-
-    def inside() -> T:
-        from pyroute2 import IPRoute  # noqa: PLC0415 - heavy import, lab only
-
-        with IPRoute() as ipr:
-            return fn(ipr)
-
-    return netns.run_in(path, inside)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LabNode:
-    """A node: a bridge with the pods' gateway IP, in the host or its own netns."""
-
-    name: str
-    subnet: ipaddress.IPv4Network
-    bridge: str
-    gateway: str
-    netns_name: str | None = None  # None: the bridge lives in the host netns
-
-    @property
-    def netns(self) -> str:
-        """nsfs path of the netns holding the bridge."""
-        return str(netns.named_path(self.netns_name)) if self.netns_name else _host_ns()
-
-
-class LabPod:
-    """A pod: netns + veth on its node's bridge + cgroup."""
-
-    __slots__ = ("_lab", "cgroup", "ip", "name", "netns_name", "node", "veth")
-
-    def __init__(  # noqa: PLR0913 - plain record
-        self,
-        lab: Lab,
-        *,
-        name: str,
-        node: LabNode,
-        ip: str,
-        netns_name: str,
-        veth: str,
-        cgroup: Path | None,
-    ) -> None:
-        self._lab = lab
-        self.name = name
-        self.node = node
-        self.ip = ip
-        self.netns_name = netns_name
-        self.veth = veth
-        self.cgroup = cgroup
-
-    def __repr__(self) -> str:
-        return f"LabPod({self.name!r}, ip={self.ip}, netns={self.netns_name})"
-
-    @property
-    def netns(self) -> Path:
-        """nsfs path: /run/netns/<prefix>-<name>."""
-        return netns.named_path(self.netns_name)
-
-    @property
-    def gateway(self) -> str:
-        return self.node.gateway
-
-    def socket(
-        self, family: int = socket.AF_INET, type_: int = socket.SOCK_STREAM
-    ) -> socket.socket:
-        """A socket inside this pod's netns."""
-        return netns.socket_in(self.netns, family, type_)
-
-    def spawn(self, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
-        """Start `argv` inside the pod (netns and cgroup); the lab kills it on close."""
-        cgroup = self.cgroup
-
-        def enter_cgroup() -> None:  # runs in the child, before exec
-            if cgroup is not None:
-                with (cgroup / "cgroup.procs").open("w") as f:
-                    f.write(str(os.getpid()))
-
-        proc = subprocess.Popen(
-            [*netns.exec_argv(self.netns), *argv],
-            preexec_fn=enter_cgroup,  # noqa: PLW1509 - how the child joins the cgroup
-            start_new_session=True,
-            **popen,
-        )
-        self._lab.track(proc)
-        return proc
-
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        check: bool = True,
-        timeout: float = 30,
-        input_: str | None = None,
-    ) -> subprocess.CompletedProcess[str]:
-        """Run `argv` in the pod to completion; output as text.
-
-        Raises:
-            LabError: `check` and it exited non-zero, or it timed out.
-        """
-        proc = self.spawn(
-            argv,
-            stdin=subprocess.PIPE if input_ is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            out, err = proc.communicate(input_, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            raise LabError(
-                f"pod {self.name}: {' '.join(argv)}", f"timed out after {timeout}s"
-            ) from None
-        finally:
-            self._lab.untrack(proc)
-        if check and proc.returncode != 0:
-            raise LabError(f"pod {self.name}: {' '.join(argv)}", f"exit {proc.returncode}: {err}")
-        return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
 
 
 class Lab:
@@ -256,13 +116,7 @@ class Lab:
     # --- records -----------------------------------------------------------
 
     def _save(self) -> None:
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        owner = {"pid": os.getpid(), "start": start_time(os.getpid())}
-        tmp.write_text(
-            json.dumps({"prefix": self.prefix, "owner": owner, "records": self._records})
-        )
-        tmp.replace(self.state_file)
+        write_state(self.state_file, self.prefix, self._records)
 
     def _record(self, **rec: Any) -> None:
         self._records.append(rec)
@@ -426,7 +280,7 @@ class Lab:
 
     def _netlink(self, what: str, path: str, fn: Callable[[Any], None]) -> None:
         try:
-            _ipr_do(path, fn)
+            ipr_do(path, fn)
         except Exception as exc:  # pyroute2 raises NetlinkError, OSError, IndexError...
             raise LabError(what, f"netlink: {exc}") from exc
 
@@ -469,8 +323,8 @@ class Lab:
             return
         self._closed = True
         for proc in self._procs.values():
-            _kill_popen(proc)
-        errors = _teardown(self._records)
+            kill_popen(proc)
+        errors = teardown(self._records)
         self._records = []
         self._procs.clear()
         with contextlib.suppress(FileNotFoundError):
@@ -481,136 +335,12 @@ class Lab:
     @classmethod
     def cleanup_recorded(cls, prefix: str, *, state_dir: Path = STATE_DIR) -> list[str]:
         """Remove what a lab (e.g. a crashed run) recorded; returns the errors."""
-        path = state_dir / f"{prefix}.json"
-        try:
-            state = json.loads(path.read_text())
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as exc:
-            return [f"{path}: {exc}"]
-        errors = _teardown(state.get("records", []))
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        return errors
+        return netlab_state.cleanup_recorded(prefix, state_dir=state_dir)
 
     @classmethod
     def cleanup_stale(cls, *, state_dir: Path = STATE_DIR) -> list[str]:
         """Clean every recorded lab whose owning process is gone."""
-        errors: list[str] = []
-        for path in sorted(state_dir.glob("*.json")):
-            try:
-                owner = json.loads(path.read_text()).get("owner", {})
-            except (OSError, ValueError):
-                owner = {}
-            pid = owner.get("pid")
-            if pid and start_time(pid) == owner.get("start"):
-                continue  # still running
-            errors += cls.cleanup_recorded(path.stem, state_dir=state_dir)
-        return errors
-
-
-def _kill_popen(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
-    for stream in (proc.stdin, proc.stdout, proc.stderr):
-        if stream is not None:
-            with contextlib.suppress(OSError):
-                stream.close()
-
-
-def _kill_recorded(pid: int, start: int | None) -> None:
-    if start is None or start_time(pid) != start:
-        return  # gone, or the PID now belongs to someone else
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    # Wait until it is dead (gone or a zombie); whoever is its parent reaps it.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.01)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _teardown(records: list[dict[str, Any]]) -> list[str]:
-    """Undo `records`: processes first, then the rest newest first."""
-    errors: list[str] = []
-    procs = [r for r in records if r["kind"] == "proc"]
-    rest = [r for r in records if r["kind"] != "proc"]
-    for rec in reversed(procs):
-        _kill_recorded(rec["pid"], rec.get("start"))
-    for rec in reversed(rest):
-        try:
-            _UNDO[rec["kind"]](rec)
-        except Exception as exc:  # noqa: BLE001 - carry on; report every failure
-            errors.append(f"{rec}: {exc}")
-    return errors
-
-
-def _undo_cgroup(rec: dict[str, Any]) -> None:
-    path = Path(rec["path"])
-    if not path.exists():
-        return
-    # Processes the lab's processes started are in here too: they are ours.
-    with contextlib.suppress(OSError):
-        (path / "cgroup.kill").write_text("1")
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            path.rmdir()
-        except OSError as exc:
-            if exc.errno == errno.ENOENT:
-                return
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-        else:
-            _drop_empty_parent(path.parent)
-            return
-
-
-def _drop_empty_parent(parent: Path) -> None:
-    """Remove the shared `meshagent` cgroup parent once its last lab child is gone."""
-    if parent.name != CGROUP_PARENT:
-        return
-    with contextlib.suppress(OSError):  # not empty (another lab, an agent): keep it
-        parent.rmdir()
-
-
-def _undo_link(rec: dict[str, Any]) -> None:
-    ns_name = rec.get("netns")
-    if ns_name and not netns.named_path(ns_name).exists():
-        return  # went with its namespace
-    path = str(netns.named_path(ns_name)) if ns_name else _host_ns()
-
-    def delete(ipr: Any) -> None:
-        found = ipr.link_lookup(ifname=rec["name"])
-        if found:
-            ipr.link("del", index=found[0])
-
-    _ipr_do(path, delete)
-
-
-def _undo_netns(rec: dict[str, Any]) -> None:
-    from pyroute2 import netns as pnetns  # noqa: PLC0415
-
-    if netns.named_path(rec["name"]).exists():
-        pnetns.remove(rec["name"])
-
-
-_UNDO: dict[str, Callable[[dict[str, Any]], None]] = {
-    "cgroup": _undo_cgroup,
-    "link": _undo_link,
-    "netns": _undo_netns,
-}
+        return netlab_state.cleanup_stale(state_dir=state_dir)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,263 @@
+"""The bench's peer setups: no proxy, HAProxy, and the Python floor, where meshagent would sit.
+
+    direct, direct-xnode          client -> server, no proxy
+    haproxy-tcp, haproxy-http     HAProxy in the client pod's netns (the
+                                  position of meshagent's outbound listener)
+    haproxy-tls                   HAProxy in `cli` -> mTLS -> HAProxy in `srv2`
+                                  (certificates from `make_certs`)
+    python-floor                  `agent.bench.floor` where HAProxy runs: the
+                                  least a Python relay does (HTTP loads only)
+
+Each setup is a context manager over an `agent.bench.topology.Topology`
+yielding a `Target`; `agent.bench.setups.SETUPS` names them.
+
+Rules:
+1. A setup yields only once its proxies listen (seen from the pod that
+   connects to them), and stops them, by their Popen, when it exits; the lab
+   kills whatever is left when it closes.
+2. HAProxy configurations are rendered by `agent.bench.haproxy` and checked
+   with `haproxy -c` before HAProxy starts.
+3. Certificates are made per run in the work directory (ECDSA P-256, valid a
+   day); cryptography is imported only when they are made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+from agent.bench import haproxy
+from agent.bench.topology import (
+    HTTP_PORT,
+    IPERF_PORT,
+    BenchError,
+    SetupFn,
+    Target,
+    Topology,
+    wait_port,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from agent.netlab import LabPod
+
+PROXY_HTTP_PORT = 18080  # HAProxy listeners in the client pod
+PROXY_IPERF_PORT = 15201
+TLS_HTTP_PORT = 18443  # HAProxy mTLS listeners in the server pod
+TLS_IPERF_PORT = 15443
+SERVER_NAME = "srv2.bench.local"
+FLOOR_WORKERS = 2  # as many processes as the node agent has workers
+
+
+def _haproxy(pod: LabPod, routes: list[haproxy.Route], path: Path) -> subprocess.Popen[Any]:
+    path.write_text(haproxy.render(routes))
+    check = subprocess.run(
+        ["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, check=False
+    )
+    if check.returncode != 0:
+        raise BenchError("haproxy", f"config {path} rejected: {check.stderr[-1000:]}")
+    return pod.spawn(
+        ["haproxy", "-db", "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def make_certs(directory: Path) -> tuple[haproxy.TlsFiles, haproxy.TlsFiles]:
+    """A bench CA and two ECDSA P-256 leaves (server `SERVER_NAME`, client): (server, client)."""
+    from cryptography import x509  # noqa: PLC0415
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+    from cryptography.x509.oid import NameOID  # noqa: PLC0415
+
+    now = dt.datetime.now(dt.UTC)
+
+    def cert(name: str, key: Any, issuer: Any, issuer_key: Any, *, ca: bool) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(issuer)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False
+            )
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    def pem(c: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> bytes:
+        return c.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench-ca")])
+    ca_cert = cert("bench-ca", ca_key, ca_name, ca_key, ca=True)
+    (directory / "ca.crt").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    out = []
+    for name in (SERVER_NAME, "client.bench.local"):
+        key = ec.generate_private_key(ec.SECP256R1())
+        path = directory / f"{name}.pem"
+        path.write_bytes(pem(cert(name, key, ca_name, ca_key, ca=False), key))
+        out.append(haproxy.TlsFiles(cert=str(path), ca=str(directory / "ca.crt")))
+    return out[0], out[1]
+
+
+@contextlib.contextmanager
+def direct(topo: Topology) -> Iterator[Target]:
+    yield Target(
+        setup="direct",
+        client=topo.cli,
+        host=topo.srv.ip,
+        http_port=HTTP_PORT,
+        iperf_port=IPERF_PORT,
+        hops=0,
+        mtls=False,
+    )
+
+
+@contextlib.contextmanager
+def direct_xnode(topo: Topology) -> Iterator[Target]:
+    yield Target(
+        setup="direct-xnode",
+        client=topo.cli,
+        host=topo.srv2.ip,
+        http_port=HTTP_PORT,
+        iperf_port=IPERF_PORT,
+        hops=0,
+        mtls=False,
+    )
+
+
+def haproxy_one_hop(mode: str) -> SetupFn:
+    """haproxy-`mode` (tcp|http): one HAProxy in `cli` in front of `srv` (iperf too for tcp)."""
+
+    @contextlib.contextmanager
+    def setup(topo: Topology) -> Iterator[Target]:
+        routes = [
+            haproxy.Route(
+                name="http",
+                bind=f"127.0.0.1:{PROXY_HTTP_PORT}",
+                target=f"{topo.srv.ip}:{HTTP_PORT}",
+                mode=mode,
+            )
+        ]
+        if mode == "tcp":
+            routes.append(
+                haproxy.Route(
+                    name="iperf",
+                    bind=f"127.0.0.1:{PROXY_IPERF_PORT}",
+                    target=f"{topo.srv.ip}:{IPERF_PORT}",
+                )
+            )
+        proc = _haproxy(topo.cli, routes, topo.workdir / f"haproxy-{mode}.cfg")
+        try:
+            wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+            yield Target(
+                setup=f"haproxy-{mode}",
+                client=topo.cli,
+                host="127.0.0.1",
+                http_port=PROXY_HTTP_PORT,
+                iperf_port=PROXY_IPERF_PORT if mode == "tcp" else 0,
+                hops=1,
+                mtls=False,
+                roots=[proc.pid],
+            )
+        finally:
+            _stop(proc)
+
+    return setup
+
+
+@contextlib.contextmanager
+def python_floor(topo: Topology) -> Iterator[Target]:
+    """The minimal Python relay (`agent.bench.floor`) where HAProxy runs: the Python floor."""
+    argv = [sys.executable, "-m", "agent.bench.floor", f"127.0.0.1:{PROXY_HTTP_PORT}"]
+    argv += [f"{topo.srv.ip}:{HTTP_PORT}", "--workers", str(FLOOR_WORKERS)]
+    proc = topo.cli.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+        yield Target(
+            setup="python-floor",
+            client=topo.cli,
+            host="127.0.0.1",
+            http_port=PROXY_HTTP_PORT,
+            iperf_port=0,
+            hops=1,
+            mtls=False,
+            roots=[proc.pid],
+            notes="minimal uvloop + httptools relay, 1:1 upstreams, no mesh work",
+            h2=False,
+        )
+    finally:
+        _stop(proc)
+
+
+@contextlib.contextmanager
+def haproxy_tls(topo: Topology) -> Iterator[Target]:
+    server_tls, client_tls = make_certs(topo.workdir)
+    out = [
+        haproxy.Route(
+            name=name,
+            bind=f"127.0.0.1:{port}",
+            target=f"{topo.srv2.ip}:{tls_port}",
+            target_tls=client_tls,
+            sni=SERVER_NAME,
+        )
+        for name, port, tls_port in (
+            ("http", PROXY_HTTP_PORT, TLS_HTTP_PORT),
+            ("iperf", PROXY_IPERF_PORT, TLS_IPERF_PORT),
+        )
+    ]
+    inb = [
+        haproxy.Route(
+            name=name,
+            bind=f"0.0.0.0:{tls_port}",
+            target=f"127.0.0.1:{port}",
+            bind_tls=server_tls,
+        )
+        for name, port, tls_port in (
+            ("http", HTTP_PORT, TLS_HTTP_PORT),
+            ("iperf", IPERF_PORT, TLS_IPERF_PORT),
+        )
+    ]
+    server_side = _haproxy(topo.srv2, inb, topo.workdir / "haproxy-tls-server.cfg")
+    try:
+        client_side = _haproxy(topo.cli, out, topo.workdir / "haproxy-tls-client.cfg")
+        try:
+            wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT)
+            wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+            yield Target(
+                setup="haproxy-tls",
+                client=topo.cli,
+                host="127.0.0.1",
+                http_port=PROXY_HTTP_PORT,
+                iperf_port=PROXY_IPERF_PORT,
+                hops=2,
+                mtls=True,
+                roots=[client_side.pid, server_side.pid],
+                notes="mode tcp, mutual TLS 1.3 (P-256) between the two HAProxies",
+            )
+        finally:
+            _stop(client_side)
+    finally:
+        _stop(server_side)

@@ -1,0 +1,207 @@
+"""The bench's topology: one pod lab, its pods tuned for load, the servers in them.
+
+One `agent.netlab.Lab`: two isolated nodes `a` and `b`, linked; pods `cli` and
+`srv` on `a`, `srv2` on `b`. `srv` and `srv2` run the bench server
+(`agent.bench.server`, :8080) and `iperf3 -s` (:5201). Bench pods are lab pods
+named `pod<UID>` (`agent.bench.mesh.make_pod`) so node agents discover them.
+Also here: `Target`, what every setup (`agent.bench.setups`) yields, and
+`BenchError`, what a setup raises when it cannot start.
+
+Rules:
+1. `build_topology` returns only once both servers answer on both ports, seen
+   from `cli`; every pod gets `POD_SYSCTLS` first.
+2. A pod's sysctls are written from a thread inside its netns (/proc/sys/net
+   follows the thread's netns); one the kernel refuses is skipped.
+3. `Target.proxy_pids()` lists the processes whose CPU and memory are the
+   proxy's (its roots and all their children), read when asked: workers may be
+   replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+
+from agent import config
+from agent.bench.mesh import BenchPod, MeshPlane, NodeAgent, make_pod
+from agent.errors import AgentError
+from agent.redirect import netns
+
+if TYPE_CHECKING:
+    from agent.netlab import Lab, LabNode, LabPod
+
+HTTP_PORT = 8080
+IPERF_PORT = 5201
+POD_SYSCTLS = {
+    "net/ipv4/tcp_tw_reuse": "1",
+    "net/ipv4/ip_local_port_range": "1024 65000",
+    # Not ephemeral: a conn-rate load leaves thousands of TIME_WAIT client ports, and one on
+    # the agent's listener port makes the next agent's listen there fail (EADDRINUSE) for 60 s.
+    "net/ipv4/ip_local_reserved_ports": f"{config.OUTBOUND_PORT},{config.INBOUND_PORT}",
+    "net/core/somaxconn": "4096",
+}
+
+
+class BenchError(AgentError):
+    """A setup could not be started."""
+
+    def __init__(self, setup: str, reason: str) -> None:
+        self.setup = setup
+        self.reason = reason
+        super().__init__(f"bench setup {setup}: {reason}")
+
+
+@dataclass(slots=True, kw_only=True)
+class Target:
+    """Where the client sends its load in one setup, and whose CPU is the proxy's."""
+
+    setup: str
+    client: LabPod
+    host: str
+    http_port: int
+    iperf_port: int
+    hops: int
+    mtls: bool
+    roots: list[int] = field(default_factory=list)  # proxy PIDs; their children count too
+    notes: str = ""
+    http_aware: bool = True  # can it carry HTTP loads
+    h2: bool = True  # can it carry HTTP/2 (prior knowledge)
+    agents: list[NodeAgent] = field(default_factory=list)  # meshagent setups: the node agents
+    accel_maps: Path | None = None  # accelerated eBPF setups: the agent's pinned maps
+
+    def accel_counts(self) -> dict[str, int] | None:
+        """The node's sk_msg counters (`agent.redirect.maps.accel_stats`), or None."""
+        if self.accel_maps is None:
+            return None
+        from agent.redirect import maps  # noqa: PLC0415 - libbpf only when accelerating
+
+        try:
+            return maps.accel_stats(self.accel_maps)
+        except maps.BpfError:
+            return None
+
+    def proxy_pids(self) -> list[int]:
+        pids: list[int] = []
+        for pid in self.roots:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                pids.append(pid)
+                pids += [c.pid for c in proc.children(recursive=True)]
+        return pids
+
+
+@dataclass(slots=True, kw_only=True)
+class Topology:
+    """The lab, its two nodes and three pods, the work directory, the shared control plane."""
+
+    lab: Lab
+    a: LabNode
+    b: LabNode
+    cli: LabPod
+    srv: LabPod
+    srv2: LabPod
+    workdir: Path
+    mesh: MeshPlane
+
+
+SetupFn = Callable[[Topology], contextlib.AbstractContextManager[Target]]
+
+
+def tune_pod(pod: LabPod) -> None:
+    """Write `POD_SYSCTLS` in `pod`'s netns (rule 2)."""
+
+    def write() -> None:
+        for key, value in POD_SYSCTLS.items():
+            with contextlib.suppress(OSError):
+                Path("/proc/sys", key).write_text(value)
+
+    netns.run_in(pod.netns, write)
+
+
+def wait_port(pod: LabPod, host: str, port: int, within: float = 10.0) -> None:
+    """Return once `host:port` accepts a connection from `pod`.
+
+    Raises:
+        BenchError: nothing did within `within` seconds.
+    """
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        sock = pod.socket()
+        try:
+            sock.settimeout(0.5)
+            sock.connect((host, port))
+        except OSError:
+            time.sleep(0.05)
+        else:
+            return
+        finally:
+            sock.close()
+    raise BenchError(pod.name, f"nothing listens on {host}:{port} after {within}s")
+
+
+def build_topology(lab: Lab, workdir: Path) -> Topology:
+    """Nodes, pods, servers (see the module docstring).
+
+    Raises:
+        LabError: the lab could not create them.
+        BenchError: a server did not start.
+    """
+    a = lab.node("a", isolated=True)
+    b = lab.node("b", isolated=True)
+    lab.link(a, b)
+    topo = Topology(
+        lab=lab,
+        a=a,
+        b=b,
+        cli=make_pod(lab, a, "cli"),
+        srv=make_pod(lab, a, "srv"),
+        srv2=make_pod(lab, b, "srv2"),
+        workdir=workdir,
+        mesh=MeshPlane(workdir=workdir),
+    )
+    ports = (HTTP_PORT, IPERF_PORT)
+    topo.mesh.add(
+        [
+            BenchPod(role="cli", node=a.name, ip=topo.cli.ip),
+            BenchPod(role="srv", node=a.name, ip=topo.srv.ip, ports=ports),
+            BenchPod(role="srv2", node=b.name, ip=topo.srv2.ip, ports=ports),
+        ]
+    )
+    # a process in cli from the start: node agents find pods by their processes
+    topo.cli.spawn(["sleep", "86400"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for pod in (topo.cli, topo.srv, topo.srv2):
+        tune_pod(pod)
+    for pod in (topo.srv, topo.srv2):
+        pod.spawn(
+            [sys.executable, "-m", "agent.bench.server", "--port", str(HTTP_PORT)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        pod.spawn(
+            ["iperf3", "-s", "-p", str(IPERF_PORT)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    for pod in (topo.srv, topo.srv2):
+        wait_port(topo.cli, pod.ip, HTTP_PORT)
+        wait_port(topo.cli, pod.ip, IPERF_PORT)
+    return topo
+
+
+def new_workdir(base: Path | None = None) -> Path:
+    """A fresh directory for configs, certificates and agent logs."""
+    return Path(tempfile.mkdtemp(prefix="meshagent-bench-", dir=base))
+
+
+def remove_workdir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
