@@ -122,30 +122,27 @@ def make_certs(directory: Path) -> tuple[haproxy.TlsFiles, haproxy.TlsFiles]:
     return out[0], out[1]
 
 
-@contextlib.contextmanager
-def direct(topo: Topology) -> Iterator[Target]:
-    yield Target(
-        setup="direct",
+def _direct(setup: str, topo: Topology, host: str) -> Target:
+    """The client straight to the server at `host`: no proxy."""
+    return Target(
+        setup=setup,
         client=topo.cli,
-        host=topo.srv.ip,
+        host=host,
         http_port=HTTP_PORT,
         iperf_port=IPERF_PORT,
         hops=0,
         mtls=False,
     )
+
+
+@contextlib.contextmanager
+def direct(topo: Topology) -> Iterator[Target]:
+    yield _direct("direct", topo, topo.srv.ip)
 
 
 @contextlib.contextmanager
 def direct_xnode(topo: Topology) -> Iterator[Target]:
-    yield Target(
-        setup="direct-xnode",
-        client=topo.cli,
-        host=topo.srv2.ip,
-        http_port=HTTP_PORT,
-        iperf_port=IPERF_PORT,
-        hops=0,
-        mtls=False,
-    )
+    yield _direct("direct-xnode", topo, topo.srv2.ip)
 
 
 def haproxy_one_hop(mode: str) -> SetupFn:

@@ -86,17 +86,23 @@ def _with(state: CaptureState, **changes: Any) -> CaptureState:
     return dataclasses.replace(state, **changes)
 
 
+def _unreadable(entry: Enrollment, state: str, why: str) -> CaptureState:
+    """The row of an enrolled pod whose rules cannot be read: both sides `state`."""
+    spec = entry.spec
+    return CaptureState(
+        pod=spec.pod,
+        netns=str(spec.netns),
+        mode=entry.mode,
+        inbound=state,
+        outbound=state,
+        drift=(why,),
+    )
+
+
 def _inspect_entry(entry: Enrollment, registry: Registry) -> CaptureState:
     spec = entry.spec
     if not Path(spec.netns).exists():
-        return CaptureState(
-            pod=spec.pod,
-            netns=str(spec.netns),
-            mode=entry.mode,
-            inbound="gone",
-            outbound="gone",
-            drift=("netns no longer exists",),
-        )
+        return _unreadable(entry, "gone", "netns no longer exists")
     try:
         red = redirector_for(
             entry.mode,
@@ -108,14 +114,7 @@ def _inspect_entry(entry: Enrollment, registry: Registry) -> CaptureState:
             red = type(red)(**_ebpf_kwargs(entry, registry))
         return red.inspect(spec)  # type: ignore[no-any-return]
     except (RedirectError, SettingError) as exc:
-        return CaptureState(
-            pod=spec.pod,
-            netns=str(spec.netns),
-            mode=entry.mode,
-            inbound="unknown",
-            outbound="unknown",
-            drift=(str(exc),),
-        )
+        return _unreadable(entry, "unknown", str(exc))
 
 
 def _ebpf_kwargs(entry: Enrollment, registry: Registry) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import select
 import socket
@@ -385,6 +386,28 @@ def test_cli_redirects_list_show_verify_against_a_real_pod(lab, tmp_path, capsys
     code, _ = run_cli(capsys, "redirects", "unenroll", "shop/web", "--registry", reg)
     assert code == 0
     assert Registry(reg).get("shop/web") is None
+    assert rules.ours(rules.parse_save(save(Path(pod.netns), Backend.NFT))) == []
+
+
+def test_cli_redirects_list_names_a_pod_whose_netns_is_gone(lab, tmp_path, capsys):
+    pod = lab.pod(lab.node("n1"), "web")
+    reg = str(tmp_path / "enrolled.json")
+    argv = ["redirects", "enroll", "shop/web", "--netns", str(pod.netns), "--ip", pod.ip]
+    assert run_cli(capsys, *argv, "--registry", reg, "-o", "json")[0] == 0
+    entry = Registry(reg).get("shop/web")
+    assert entry is not None
+    gone = dataclasses.replace(entry.spec, netns=tmp_path / "no-such-netns")
+    Registry(reg).put(dataclasses.replace(entry, spec=gone))
+    code, out = run_cli(capsys, "redirects", "list", "--registry", reg, "-o", "json")
+    row = {r["pod"]: r for r in json.loads(out)}["shop/web"]
+    assert code == 0
+    assert (row["inbound"], row["outbound"], row["drift"]) == (
+        "gone",
+        "gone",
+        "netns no longer exists",
+    )
+    Registry(reg).put(entry)  # back to the real netns: unenroll removes the rules
+    assert run_cli(capsys, "redirects", "unenroll", "shop/web", "--registry", reg)[0] == 0
     assert rules.ours(rules.parse_save(save(Path(pod.netns), Backend.NFT))) == []
 
 
