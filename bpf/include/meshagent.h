@@ -1,6 +1,6 @@
 /* meshagent eBPF capture: structs, constants and maps shared by every program.
  *
- * Mirrored by agent/redirect/maps.py (ctypes); tests/unit/redirect/test_maps.py
+ * Mirrored by agent/redirect/maps_abi.py (ctypes); tests/unit/redirect/test_maps_abi.py
  * checks that each mirror has the size bcc gives the map's key and leaf.
  * Change a struct here and there together, and bump MA_ABI.
  *

@@ -18,7 +18,7 @@ def spec(**kw) -> CaptureSpec:
 
 
 # Recorded with iptables-nft-save -c (v1.8.9) after enrolling a pod with
-# skip-outbound-ports=22,1000-2000 and skip-subnets=10.9.0.0/16 (shared with test_rules.py).
+# skip-outbound-ports=22,1000-2000 and skip-subnets=10.9.0.0/16 (shared with test_rules*.py).
 RECORDED = (Path(__file__).parent / "recorded-nft-save.txt").read_text()
 
 RECORDED_SPEC = spec(
