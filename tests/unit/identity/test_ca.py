@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import stat
-from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from datetime import timedelta
 
 import pytest
 from cryptography import x509
@@ -20,24 +18,8 @@ from agent.identity.names import Identity
 WEB = Identity(sa="web", ns="shop")
 
 
-def _mode(path) -> int:
-    return stat.S_IMODE(Path(path).stat().st_mode)
-
-
 def _leaf_request(identity: Identity = WEB):
     return check_csr(make_csr(new_key(), identity), identity.dns_name)
-
-
-@pytest.fixture
-def now():
-    return datetime.now(UTC)
-
-
-@pytest.fixture
-def pki(tmp_path, now):
-    ca.create_root(tmp_path / "root", now=now)
-    ca.create_issuer(tmp_path / "issuer", tmp_path / "root", now=now)
-    return tmp_path
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import stat
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -21,22 +21,6 @@ WEB = Identity(sa="web", ns="shop")
 
 def _mode(path) -> int:
     return stat.S_IMODE(Path(path).stat().st_mode)
-
-
-def _leaf_request(identity: Identity = WEB):
-    return check_csr(make_csr(new_key(), identity), identity.dns_name)
-
-
-@pytest.fixture
-def now():
-    return datetime.now(UTC)
-
-
-@pytest.fixture
-def pki(tmp_path, now):
-    create_root(tmp_path / "root", now=now)
-    create_issuer(tmp_path / "issuer", tmp_path / "root", now=now)
-    return tmp_path
 
 
 @pytest.fixture
@@ -148,7 +132,9 @@ def test_inspect_reports_the_facts_and_chains_with_a_sibling_ca_crt(pki):
 
 
 def test_inspect_of_a_leaf_with_its_chain_in_the_file(pki, issuer, now):
-    leaf, chain, _ = issuer.sign_leaf(_leaf_request(), WEB, now=now)
+    leaf, chain, _ = issuer.sign_leaf(
+        check_csr(make_csr(new_key(), WEB), WEB.dns_name), WEB, now=now
+    )
     path = pki / "leaf.crt"
     path.write_bytes(files.certs_pem(x509.load_der_x509_certificate(c) for c in [leaf, *chain]))
     info = inspect(path, ca=pki / "root" / "ca.crt")
