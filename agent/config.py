@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from agent.errors import SettingError
 
@@ -191,14 +191,15 @@ def resolve(
 # --- meshagent controlplane -----------------------------------------------------
 
 DEFAULT_CLUSTER_NETWORKS = "10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,192.168.0.0/16"
-INBOUND_POLICIES = (
+InboundPolicy = Literal[
     "all-unauthenticated",
     "all-authenticated",
     "cluster-unauthenticated",
     "cluster-authenticated",
     "deny",
     "audit",
-)
+]  # Linkerd's default inbound policies (and a Server's accessPolicy)
+INBOUND_POLICIES: tuple[str, ...] = get_args(InboundPolicy)
 
 
 def parse_listen_port(raw: str) -> int:

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
+from agent.config import InboundPolicy  # noqa: TC001 - pydantic resolves annotations at runtime
 from agent.controlplane import resources as r
 from agent.controlplane.manifests_schema import (
     Doc,
@@ -142,14 +143,7 @@ class ServerSpec(Model):
     pod_selector: Selector | None = None
     port: PortValue
     proxy_protocol: Literal["unknown", "HTTP/1", "HTTP/2", "gRPC", "opaque", "TLS"] = "unknown"
-    access_policy: Literal[
-        "all-unauthenticated",
-        "all-authenticated",
-        "cluster-unauthenticated",
-        "cluster-authenticated",
-        "deny",
-        "audit",
-    ] = "deny"
+    access_policy: InboundPolicy = "deny"
 
 
 class ServerDoc(Doc):
