@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from agent import native
 from agent.bench import loads, profile, report, setups
 from agent.errors import AgentError
 
@@ -189,6 +190,7 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "haproxy": haproxy.stdout.split("\n", 1)[0],
+        "native": native.state(),  # the compiled request path (agent.native) or the sources
     }
 
 

@@ -12,7 +12,9 @@ Rules:
 2. cProfile slows the workers down (its own cost per call): a profiled run's
    rates are not comparable with an unprofiled run's. The summary is for where
    the time goes and how many calls a request takes, not how much time there is.
-3. The environment variable is set only while a setup runs and removed after.
+3. The environment variables are set only while a setup runs and restored after.
+4. Profiled agents run the request path as Python source (`MESHAGENT_NATIVE=0`,
+   agent.native): cProfile does not see the functions of the compiled build.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ import os
 import pstats
 from typing import TYPE_CHECKING
 
+from agent import native
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
 ENV = "MESHAGENT_PROFILE_DIR"  # agent.proxy.worker.PROFILE_ENV (the proxy stays out of the bench)
+NATIVE_ENV = native.ENV
 TOP = 40
 
 
@@ -38,15 +43,17 @@ def profiling(directory: Path | None) -> Iterator[None]:
         yield
         return
     directory.mkdir(parents=True, exist_ok=True)
-    before = os.environ.get(ENV)
-    os.environ[ENV] = str(directory)
+    settings = {ENV: str(directory), NATIVE_ENV: "0"}
+    before = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def summarize(directory: Path, requests: int) -> Path | None:

@@ -1,1 +1,11 @@
-"""meshagent.proxy."""
+"""meshagent.proxy.
+
+The HTTP/1 request path runs compiled when a current mypyc build exists
+(agent.native): `activate` puts it first on this package's path.
+"""
+
+from __future__ import annotations
+
+from agent import native
+
+native.activate(__path__)

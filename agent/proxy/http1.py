@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 Headers = list[tuple[bytes, bytes]]
+Input = bytes | bytearray | memoryview  # what `feed` takes (copied to bytes unless bytes)
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_CHUNK_LINE = 4096
@@ -229,7 +230,7 @@ class _Parser:
         """Waiting for a next head, nothing buffered (a cheap `state == "head"`)."""
         return self._state is _S.HEAD and not self._stash
 
-    def feed(self, data: bytes) -> list[Event]:
+    def feed(self, data: Input) -> list[Event]:
         """Parse more input; returns the events it completes. Never raises."""
         events: list[Event] = []
         if self._state in _TERMINAL:
@@ -476,7 +477,7 @@ class RequestParser(_Parser):
         super().__init__(decode_chunked=decode_chunked, max_head=max_head)
         self._switching = False  # the current request asks to upgrade or CONNECT
 
-    def whole(self, data: bytes) -> RequestHead | None:
+    def whole(self, data: Input) -> RequestHead | None:
         """The head when `data` is exactly one bodiless request whose head was parsed before.
 
         The parser moves past it. None otherwise, with nothing consumed: `feed` the data.
@@ -501,7 +502,7 @@ class RequestParser(_Parser):
             self._state = _S.CLOSED
         return hit
 
-    def feed(self, data: bytes) -> list[Event]:
+    def feed(self, data: Input) -> list[Event]:
         """Parse more input; returns the events it completes. Never raises."""
         hit = self.whole(data)
         if hit is not None:
@@ -620,7 +621,7 @@ class ResponseParser(_Parser):
                 _PENDING[method] = pend
         self._pending.append(pend)
 
-    def whole(self, data: bytes) -> ResponseHead | None:
+    def whole(self, data: Input) -> ResponseHead | None:
         """The head when `data` is exactly one whole final response whose head was seen before.
 
         "Whole": without a body, or with all of its Content-Length body here, answering a
@@ -651,11 +652,12 @@ class ResponseParser(_Parser):
             self._state = _S.CLOSED
         return hit
 
-    def feed(self, data: bytes) -> list[Event]:
+    def feed(self, data: Input) -> list[Event]:
         """Parse more input; returns the events it completes. Never raises."""
-        hit = self.whole(data)
-        if hit is not None:
-            return whole_events(hit, data)
+        if type(data) is bytes:
+            hit = self.whole(data)
+            if hit is not None:
+                return whole_events(hit, data)
         return super().feed(data)
 
     def _on_head(self, data: bytes, pos: int, events: list[Event]) -> int:  # noqa: PLR0911 - one exit per outcome

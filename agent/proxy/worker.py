@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent import aio, logs
+from agent import aio, logs, native
 from agent.errors import AgentError
 from agent.proxy import channel as ch
 from agent.proxy import record, tcp
@@ -355,7 +355,10 @@ class Worker:
             if task is not None:
                 tasks.append(task)
         self._channel.send(ch.Ready(worker_id=self.worker_id))
-        logger.info("worker ready", extra={"worker": self.worker_id, "pid": os.getpid()})
+        logger.info(
+            "worker ready",
+            extra={"worker": self.worker_id, "pid": os.getpid(), "native": native.STATE},
+        )
         try:
             return await self._exit
         finally:

@@ -21,10 +21,12 @@ import ssl
 import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+from agent import native
 from agent.identity import ca
 from agent.identity.csr import check_csr, make_csr, new_key
 from agent.identity.names import Identity
@@ -480,6 +482,18 @@ async def test_http_keepalive_across_nodes_carries_each_pods_identity(world):
     finally:
         ca_.close()
         cb.close()
+
+
+async def test_the_workers_that_proxied_run_the_compiled_request_path(world):
+    """After the requests above, each node's worker has the mypyc build mapped (agent.native)."""
+    assert native.state() == "active", "stale or missing build: run `bash scripts/setup`"
+    for node, pool in world.pools.items():
+        (pid,) = pool.pids
+        assert f"{native.GROUP}__mypyc" in _maps(pid), node
+
+
+def _maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
 
 
 async def test_same_node_path_needs_no_tls_and_enforces_the_target_policy(world):
