@@ -6,9 +6,9 @@ the same). mypyc compiles these typed modules to C extensions, same source, same
 
 `python -m agent.native build` compiles `MODULES` into `BUILD_DIR` (`scripts/setup`
 runs it); `python -m agent.native status` says which modules a process would load.
-`agent.proxy`'s `__init__` calls `activate`, which puts the build first on the
-package's `__path__`, so every process (CLI, supervisor, workers, tests) imports the
-compiled modules, or all of them as plain Python.
+The `__init__` of `agent.proxy` and `agent.admin` calls `activate`, which puts the
+build first on the package's `__path__`, so every process (CLI, supervisor, workers,
+tests) imports the compiled modules, or all of them as plain Python.
 
 Rules:
 1. Never stale: the build's stamp is a digest of the compiled modules' sources and the
@@ -42,23 +42,32 @@ PACKAGE_DIR = Path(__file__).resolve().parent  # .../agent
 BUILD_DIR = PACKAGE_DIR / "_native"
 STAMP = "stamp"
 GROUP = "meshagent_native"
-# The per-request path of the HTTP/1 proxy (agent.proxy modules), in one group (rule 2).
+# The per-request path of the HTTP/1 proxy and its recorder, in one group (rule 2):
+# (package under agent/, module).
 MODULES = (
-    "accrual",
-    "balance",
-    "h1client",
-    "h1fast",
-    "h1msg",
-    "h1plan",
-    "h1upstream",
-    "http1",
-    "httpproxy",
-    "profile",
-    "upstream",
+    ("proxy", "accrual"),
+    ("proxy", "balance"),
+    ("proxy", "h1client"),
+    ("proxy", "h1fast"),
+    ("proxy", "h1msg"),
+    ("proxy", "h1plan"),
+    ("proxy", "h1upstream"),
+    ("proxy", "http1"),
+    ("proxy", "httpproxy"),
+    ("proxy", "inbound"),
+    ("proxy", "outbound"),
+    ("proxy", "profile"),
+    ("proxy", "record"),
+    ("proxy", "upstream"),
+    ("admin", "labelsets"),
+    ("admin", "metrics"),
+    ("admin", "observe"),
+    ("admin", "tapping"),
 )
+PACKAGES = tuple(sorted({pkg for pkg, _ in MODULES}))
 
 State = Literal["active", "stale", "absent", "off"]
-STATE: State = "absent"  # this process's, set when agent.proxy is imported
+STATE: State = "absent"  # this process's, set when agent.proxy or agent.admin is imported
 
 _BUILD_SCRIPT = """
 import sys
@@ -80,7 +89,7 @@ class NativeBuildError(AgentError):
 
 def sources(package_dir: Path = PACKAGE_DIR) -> list[Path]:
     """The compiled modules' source files."""
-    return [package_dir / "proxy" / f"{name}.py" for name in MODULES]
+    return [package_dir / pkg / f"{name}.py" for pkg, name in MODULES]
 
 
 def digest(package_dir: Path = PACKAGE_DIR) -> str:
@@ -102,15 +111,15 @@ def state(build_dir: Path = BUILD_DIR, package_dir: Path = PACKAGE_DIR) -> State
     return "active" if stamp == digest(package_dir) else "stale"
 
 
-def activate(package_path: list[str], build_dir: Path = BUILD_DIR) -> State:
-    """Load the build for `agent.proxy` (its `__path__`) when it is current; the state."""
+def activate(package_path: list[str], package: str, build_dir: Path = BUILD_DIR) -> State:
+    """Load the build for `agent.<package>` (its `__path__`) when it is current; the state."""
     global STATE  # noqa: PLW0603 - the process's one answer, set once at import
     now = state(build_dir)
     if now == "active":
         lib = str(build_dir / "lib")
         if lib not in sys.path:
             sys.path.append(lib)  # the group's shared library, imported by each module
-        package_path.insert(0, str(build_dir / "proxy"))
+        package_path.insert(0, str(build_dir / package))
     STATE = now
     return now
 
@@ -152,13 +161,14 @@ def build(
             tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-20:])
             raise NativeBuildError(f"mypyc build failed (exit {proc.returncode}):\n{tail}")
         staged = work / "native"
-        (staged / "proxy").mkdir(parents=True)
-        (staged / "lib").mkdir()
-        for so in (out / package_dir.name / "proxy").glob("*.so"):
-            so.rename(staged / "proxy" / so.name)
+        (staged / "lib").mkdir(parents=True)
+        for pkg in PACKAGES:
+            (staged / pkg).mkdir()
+            for so in (out / package_dir.name / pkg).glob("*.so"):
+                so.rename(staged / pkg / so.name)
         for so in out.glob(f"{GROUP}__mypyc*.so"):
             so.rename(staged / "lib" / so.name)
-        missing = [m for m in MODULES if not list((staged / "proxy").glob(f"{m}.*.so"))]
+        missing = [f"{pkg}.{m}" for pkg, m in MODULES if not list((staged / pkg).glob(f"{m}.*.so"))]
         if missing:
             raise NativeBuildError(f"mypyc build made no extension for {', '.join(missing)}")
         shutil.move(staged, build_dir)

@@ -313,6 +313,17 @@ class MetricsSnapshot:
     seq: int
     families: dict[str, Samples]
 
+    def __reduce__(self) -> tuple[object, tuple[int, int, int, dict[str, Samples]]]:
+        # Pickled by its fields: a frozen class compiled by mypyc (agent.native) cannot
+        # be rebuilt through object.__setattr__, pickle's default.
+        return _snapshot, (self.worker_id, self.incarnation, self.seq, self.families)
+
+
+def _snapshot(
+    worker_id: int, incarnation: int, seq: int, families: dict[str, Samples]
+) -> MetricsSnapshot:
+    return MetricsSnapshot(worker_id=worker_id, incarnation=incarnation, seq=seq, families=families)
+
 
 class WorkerMetrics:
     """The recorder one worker process owns. Single-threaded; see the module rules."""
@@ -474,7 +485,7 @@ class WorkerMetrics:
         for state, count in (("ready", ready), ("pending", pending)):
             labels = (*parent, *backend, ("endpoint_state", state))
             gauge = self.gauge("outbound_http_balancer_endpoints", labels)
-            gauge.value = count
+            gauge.value = float(count)
 
     def set_loop_lag(self, seconds: float) -> None:
         """Report this worker's event-loop lag (see `agent.admin.node.measure_loop_lag`)."""

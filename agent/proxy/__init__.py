@@ -8,4 +8,4 @@ from __future__ import annotations
 
 from agent import native
 
-native.activate(__path__)
+native.activate(__path__, "proxy")

@@ -302,8 +302,6 @@ def app_target(worker: Worker, pod: PodInfo, port: int, identity: str | None) ->
 class InboundRouter:
     """Per-request authorization, then B's app."""
 
-    direction = DIRECTION
-
     def __init__(  # noqa: PLR0913 - the facts of one connection
         self,
         worker: Worker,
@@ -314,6 +312,7 @@ class InboundRouter:
         identity: str | None,
         tls: bool,
     ) -> None:
+        self.direction = DIRECTION
         self.worker = worker
         self.pod = pod
         self.port = port
@@ -431,7 +430,10 @@ def _target_port(conn: Conn) -> int:
 def _listener_port(conn: Conn) -> int | None:
     """The port the inbound listener itself is bound to (4143 unless annotated)."""
     lst = conn.worker.listeners.get(conn.listener.listener_id)
-    socks = lst.server.sockets if lst is not None and lst.server is not None else ()
+    # Any: uvloop's `Server.sockets` is a list where typeshed says tuple, and compiled
+    # code (agent.native) checks what it was told.
+    server: Any = lst.server if lst is not None else None
+    socks = server.sockets if server is not None else ()
     return int(socks[0].getsockname()[1]) if socks else None
 
 

@@ -143,11 +143,10 @@ class OutboundRouter:
     request with the same head when the balancer picks the same endpoint.
     """
 
-    direction = DIRECTION
-
     def __init__(
         self, conn: Conn, src: PodInfo | None, key: tuple[str, str], dst: Destination
     ) -> None:
+        self.direction = DIRECTION
         self.worker = conn.worker
         self.plane = plane_of(conn.worker)
         self.src = src

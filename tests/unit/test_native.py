@@ -14,10 +14,15 @@ from agent import native
 def package(tmp_path):
     """A copy of the compiled modules' sources laid out as a package directory."""
     pkg = tmp_path / "agent"
-    (pkg / "proxy").mkdir(parents=True)
-    for src in native.sources():
-        shutil.copy(src, pkg / "proxy" / src.name)
+    for (sub, _), src in zip(native.MODULES, native.sources(), strict=True):
+        (pkg / sub).mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, pkg / sub / src.name)
     return pkg
+
+
+def _source(package, index: int):
+    sub, name = native.MODULES[index]
+    return package / sub / f"{name}.py"
 
 
 @pytest.fixture
@@ -28,7 +33,7 @@ def no_env(monkeypatch):
 def test_the_digest_is_the_sources_digest_and_moves_with_any_one_of_them(package):
     assert native.digest(package) == native.digest()
     before = native.digest(package)
-    last = package / "proxy" / f"{native.MODULES[-1]}.py"
+    last = _source(package, -1)
     last.write_text(last.read_text() + "\n# edited\n")
     assert native.digest(package) != before
 
@@ -41,7 +46,7 @@ def test_state_absent_without_a_build_stale_for_other_sources_active_when_matchi
     build.mkdir()
     (build / native.STAMP).write_text(native.digest(package) + "\n")
     assert native.state(build, package) == "active"
-    first = package / "proxy" / f"{native.MODULES[0]}.py"
+    first = _source(package, 0)
     first.write_text(first.read_text() + "\nX = 1\n")
     assert native.state(build, package) == "stale"
 
@@ -65,12 +70,12 @@ def test_activate_puts_a_current_build_first_and_leaves_a_stale_one_out(
     build.mkdir()
     (build / native.STAMP).write_text("not the digest\n")
     path = ["/src/agent/proxy"]
-    assert native.activate(path, build) == "stale"
+    assert native.activate(path, "proxy", build) == "stale"
     assert path == ["/src/agent/proxy"]
     assert str(build / "lib") not in sys.path
 
     (build / native.STAMP).write_text(native.digest() + "\n")
-    assert native.activate(path, build) == "active"
+    assert native.activate(path, "proxy", build) == "active"
     assert path == [str(build / "proxy"), "/src/agent/proxy"]
     assert str(build / "lib") in sys.path
     assert native.STATE == "active"

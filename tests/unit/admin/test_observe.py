@@ -165,8 +165,9 @@ def test_bound_authz_counts_its_own_outcome_beside_unbound_calls(
 def test_a_failing_handle_is_logged_and_never_raises(
     observer: Observer, conn: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    bound = observer.bind_http("inbound", dict(LABELS))
-    bound.exchange(200, None, False)  # type: ignore[arg-type]
-    bound.exchange(200, None, False)  # type: ignore[arg-type]
+    # A label value no series can be keyed by: resolving the handle fails inside it.
+    bound = observer.bind_http("inbound", {**LABELS, "pod": ["web"]})  # type: ignore[dict-item]
+    bound.exchange(200, 0.001, False)
+    bound.exchange(200, 0.001, False)
     bugs = [r for r in caplog.records if r.getMessage().startswith("BUG: recording failed")]
     assert len(bugs) == 1  # once per kind
