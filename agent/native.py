@@ -17,7 +17,8 @@ Rules:
 2. All or none: the modules are one mypyc group (they share native classes), loaded
    together or not at all.
 3. `MESHAGENT_NATIVE=0` turns it off (state "off"): for cProfile (`bench --profile`),
-   which sees no compiled function, and for debugging.
+   which sees no compiled function, and for debugging. `MESHAGENT_NATIVE_DIR` puts the
+   build elsewhere (an image's read-only layer, one per checkout).
 4. A build that fails removes the previous build (plain Python from then on) and
    raises `NativeBuildError` with the compiler's last output; a build that is current
    is not redone.
@@ -38,8 +39,9 @@ from typing import Literal
 from agent.errors import AgentError
 
 ENV = "MESHAGENT_NATIVE"
+DIR_ENV = "MESHAGENT_NATIVE_DIR"  # where the build is (default: agent/_native/)
 PACKAGE_DIR = Path(__file__).resolve().parent  # .../agent
-BUILD_DIR = PACKAGE_DIR / "_native"
+BUILD_DIR = Path(os.environ.get(DIR_ENV) or PACKAGE_DIR / "_native")
 STAMP = "stamp"
 GROUP = "meshagent_native"
 # The per-request path of the HTTP/1 proxy and its recorder, in one group (rule 2):

@@ -35,7 +35,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING, Any
 
-from agent import aio
+from agent import aio, native
 from agent.admin import controls
 from agent.admin.aggregate import Exposition, MetricsAggregator
 from agent.admin.node import NodeMetrics, measure_loop_lag
@@ -186,10 +186,22 @@ class Supervisor:
             aio.spawn(measure_loop_lag(self.node_metrics.set_loop_lag), name="loop-lag"),
             aio.spawn(self.targets.watch_unanswered(), name="unanswered-targets"),
         ]
+        compiled = native.state()  # what the workers load (agent.native rule 1)
         logger.info(
             "agent started",
-            extra={"node": s.node, "mode": self.mode.value, "workers": s.workers},
+            extra={
+                "node": s.node,
+                "mode": self.mode.value,
+                "workers": s.workers,
+                "native": compiled,
+            },
         )
+        if compiled == "stale":
+            logger.warning(
+                "the compiled request path is older than its sources: the workers run them "
+                "as plain Python (slower); rebuild with `python -m agent.native build`",
+                extra={"build": str(native.BUILD_DIR)},
+            )
 
     async def _start_control_plane(self) -> dict[str, str]:
         s = self.settings

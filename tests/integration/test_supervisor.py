@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import native
 from agent.pods import discover
 
 pytestmark = pytest.mark.privileged
@@ -272,6 +273,24 @@ def test_meshed_pods_are_enrolled_listened_on_and_carry_http(mesh: Mesh) -> None
         "default.shop.serviceaccount.identity.linkerd.cluster.local"
     }
     assert mesh.stop() == 0
+    assert "native=active" in mesh.agent_log()  # the workers ran the compiled request path
+
+
+def test_a_stale_native_build_is_named_and_the_sources_serve(mesh: Mesh) -> None:
+    """A build whose stamp is not the sources' is left out (agent.native rule 1), loudly."""
+    a = mesh.pod("client")
+    b = mesh.pod("web")
+    stale = mesh.tmp / "native"
+    stale.mkdir()
+    (stale / native.STAMP).write_text("an older build\n")
+    mesh.start(env={native.DIR_ENV: str(stale)})
+    mesh.wait_ready()
+    assert curl(a, f"http://{b.ip}:{APP_PORT}/") == "200"
+    assert mesh.stop() == 0
+    log = mesh.agent_log()
+    assert "compiled request path is older than its sources" in log
+    assert "native=stale" in log
+    assert "native=active" not in log
 
 
 def test_pods_added_and_removed_while_running_are_enrolled_and_unenrolled(mesh: Mesh) -> None:
