@@ -102,13 +102,19 @@ def digest(package_dir: Path = PACKAGE_DIR) -> str:
     return h.hexdigest()
 
 
+def _stamp(build_dir: Path) -> str | None:
+    try:
+        return (build_dir / STAMP).read_text().strip()
+    except OSError:
+        return None
+
+
 def state(build_dir: Path = BUILD_DIR, package_dir: Path = PACKAGE_DIR) -> State:
     """Whether the build in `build_dir` may be used now."""
     if os.environ.get(ENV) == "0":
         return "off"
-    try:
-        stamp = (build_dir / STAMP).read_text().strip()
-    except OSError:
+    stamp = _stamp(build_dir)
+    if stamp is None:
         return "absent"
     return "active" if stamp == digest(package_dir) else "stale"
 
@@ -176,13 +182,6 @@ def build(
         shutil.move(staged, build_dir)
     (build_dir / STAMP).write_text(want + "\n")  # last: a build cut short has no stamp
     return True
-
-
-def _stamp(build_dir: Path) -> str | None:
-    try:
-        return (build_dir / STAMP).read_text().strip()
-    except OSError:
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:
