@@ -4,48 +4,32 @@
 
 from __future__ import annotations
 
-import ipaddress
-from pathlib import Path
-
 import pytest
 
 from agent.redirect.iptables_state import Backend, choose_backend, nat_section, state_from_save
-from agent.redirect.model import CaptureSpec, PortRange, PortSet
 
 
-def spec(**kw) -> CaptureSpec:
-    return CaptureSpec(pod="shop/web", netns=Path("/run/netns/web"), pod_ip="10.0.0.5", **kw)
-
-
-# Recorded with iptables-nft-save -c (v1.8.9) after enrolling a pod with
-# skip-outbound-ports=22,1000-2000 and skip-subnets=10.9.0.0/16 (shared with test_rules*.py).
-RECORDED = (Path(__file__).parent / "recorded-nft-save.txt").read_text()
-
-RECORDED_SPEC = spec(
-    skip_outbound_ports=PortSet((PortRange(22, 22), PortRange(1000, 2000))),
-    skip_subnets=(ipaddress.ip_network("10.9.0.0/16"),),
-)
-
-
-def test_state_from_save_reports_capture_counters_and_drift():
-    state = state_from_save(RECORDED_SPEC, RECORDED, backend=Backend.NFT)
+def test_state_from_save_reports_capture_counters_and_drift(recorded, recorded_spec):
+    state = state_from_save(recorded_spec, recorded, backend=Backend.NFT)
     assert (state.inbound, state.outbound, state.drift) == ("captured", "captured", ())
     assert state.counters["inbound_packets"] == 2
     assert state.counters["outbound_bytes"] == 180
     assert state.counters["outbound_skipped_packets"] == 2
     assert "out:22,1000-2000" in state.skipped_ports
-    broken = RECORDED.replace(
+    broken = recorded.replace(
         '[0:0] -A PROXY_INIT_OUTPUT -o lo -m comment --comment "proxy-init/ignore-loopback" -j RETURN\n',
         "",
     )
-    state = state_from_save(RECORDED_SPEC, broken, backend=Backend.NFT)
+    state = state_from_save(recorded_spec, broken, backend=Backend.NFT)
     assert state.outbound == "drift"
     assert state.inbound == "captured"
     assert state.drift
 
 
-def test_state_from_save_counts_every_direction_in_order_and_names_what_it_skips():
-    state = state_from_save(RECORDED_SPEC, RECORDED, backend=Backend.NFT)
+def test_state_from_save_counts_every_direction_in_order_and_names_what_it_skips(
+    recorded, recorded_spec
+):
+    state = state_from_save(recorded_spec, recorded, backend=Backend.NFT)
     assert list(state.counters.items()) == [
         ("inbound_packets", 2),
         ("inbound_bytes", 120),
@@ -56,23 +40,23 @@ def test_state_from_save_counts_every_direction_in_order_and_names_what_it_skips
     ]
     assert state.skipped_ports == "in:4190,4191 out:22,1000-2000 subnets:10.9.0.0/16"
     assert state.extra == {"backend": "nft"}
-    assert state.detail == RECORDED[RECORDED.index("*nat") : RECORDED.index("COMMIT") + 6]
+    assert state.detail == recorded[recorded.index("*nat") : recorded.index("COMMIT") + 6]
 
 
-def test_state_from_save_with_rules_in_both_backends_reports_it_as_drift():
-    state = state_from_save(RECORDED_SPEC, RECORDED, backend=Backend.LEGACY, mixed=True)
+def test_state_from_save_with_rules_in_both_backends_reports_it_as_drift(recorded, recorded_spec):
+    state = state_from_save(recorded_spec, recorded, backend=Backend.LEGACY, mixed=True)
     assert state.drift == ("rules present in both nft and legacy backends",)
     assert state.extra == {"backend": "legacy"}
 
 
-def test_state_from_save_without_the_jump_is_partial():
-    text = "\n".join(line for line in RECORDED.splitlines() if "prerouting" not in line)
-    state = state_from_save(RECORDED_SPEC, text, backend=Backend.NFT)
+def test_state_from_save_without_the_jump_is_partial(recorded, recorded_spec):
+    text = "\n".join(line for line in recorded.splitlines() if "prerouting" not in line)
+    state = state_from_save(recorded_spec, text, backend=Backend.NFT)
     assert (state.inbound, state.outbound) == ("partial", "captured")
 
 
-def test_nat_section_keeps_only_the_nat_table_as_printed():
-    text = "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n" + RECORDED + "*mangle\n-A X -j Y\nCOMMIT\n"
+def test_nat_section_keeps_only_the_nat_table_as_printed(recorded):
+    text = "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n" + recorded + "*mangle\n-A X -j Y\nCOMMIT\n"
     got = nat_section(text)
     assert got.splitlines()[0] == "*nat"
     assert got.splitlines()[-1] == "COMMIT"
@@ -81,7 +65,7 @@ def test_nat_section_keeps_only_the_nat_table_as_printed():
     assert got.count("COMMIT") == 1
 
 
-def test_state_from_save_of_an_empty_netns_is_missing():
+def test_state_from_save_of_an_empty_netns_is_missing(spec):
     state = state_from_save(spec(), "", backend=Backend.LEGACY)
     assert (state.inbound, state.outbound) == ("missing", "missing")
 

@@ -4,59 +4,41 @@
 
 from __future__ import annotations
 
-import ipaddress
-from pathlib import Path
-
 import pytest
 
 from agent.redirect import rules, rules_plan, rules_syntax
-from agent.redirect.model import CaptureSpec, PortRange, PortSet
+from agent.redirect.model import PortRange, PortSet
 
 
-def spec(**kw) -> CaptureSpec:
-    return CaptureSpec(pod="shop/web", netns=Path("/run/netns/web"), pod_ip="10.0.0.5", **kw)
-
-
-# Recorded with iptables-nft-save -c (v1.8.9) after enrolling a pod with
-# skip-outbound-ports=22,1000-2000 and skip-subnets=10.9.0.0/16 (shared with the
-# other test_rules*.py files and test_iptables_state.py).
-RECORDED = (Path(__file__).parent / "recorded-nft-save.txt").read_text()
-
-RECORDED_SPEC = spec(
-    skip_outbound_ports=PortSet((PortRange(22, 22), PortRange(1000, 2000))),
-    skip_subnets=(ipaddress.ip_network("10.9.0.0/16"),),
-)
-
-
-def test_reconcile_of_an_empty_table_creates_everything():
+def test_reconcile_of_an_empty_table_creates_everything(spec):
     ops = rules.reconcile(rules.plan(spec()), rules.parse_save(""))
     assert [o.kind for o in ops].count("new-chain") == 2
     appended = [o.rule.render() for o in ops if o.kind == "append" and o.rule]
     assert sorted(appended) == sorted(r.render() for r in rules.plan(spec()).rules())
 
 
-def test_reconcile_of_a_matching_table_does_nothing():
-    assert rules.reconcile(rules.plan(RECORDED_SPEC), rules.parse_save(RECORDED)) == []
+def test_reconcile_of_a_matching_table_does_nothing(recorded, recorded_spec):
+    assert rules.reconcile(rules.plan(recorded_spec), rules.parse_save(recorded)) == []
 
 
-def test_reconcile_rewrites_only_the_chain_that_differs():
+def test_reconcile_rewrites_only_the_chain_that_differs(spec, recorded, recorded_spec):
     changed = spec(
         skip_inbound_ports=PortSet((PortRange(22, 22),)),
-        skip_outbound_ports=RECORDED_SPEC.skip_outbound_ports,
-        skip_subnets=RECORDED_SPEC.skip_subnets,
+        skip_outbound_ports=recorded_spec.skip_outbound_ports,
+        skip_subnets=recorded_spec.skip_subnets,
     )
-    ops = rules.reconcile(rules.plan(changed), rules.parse_save(RECORDED))
+    ops = rules.reconcile(rules.plan(changed), rules.parse_save(recorded))
     assert {o.chain for o in ops} == {"PROXY_INIT_REDIRECT"}
     assert ops[0] == rules.Op("new-chain", "PROXY_INIT_REDIRECT")
 
 
-def test_reconcile_deletes_duplicate_jumps():
-    dup = RECORDED.replace(
+def test_reconcile_deletes_duplicate_jumps(recorded, recorded_spec):
+    dup = recorded.replace(
         "COMMIT",
         '[0:0] -A OUTPUT -m comment --comment "proxy-init/install-proxy-init-output" -j PROXY_INIT_OUTPUT\nCOMMIT',
         1,
     )
-    ops = rules.reconcile(rules.plan(RECORDED_SPEC), rules.parse_save(dup))
+    ops = rules.reconcile(rules.plan(recorded_spec), rules.parse_save(dup))
     assert [(o.kind, o.chain, o.position) for o in ops] == [("delete", "OUTPUT", 2)]
     text = rules.render_ops(ops)
     assert (
@@ -65,17 +47,17 @@ def test_reconcile_deletes_duplicate_jumps():
     )
 
 
-def test_reconcile_replaces_a_stale_jump_with_another_comment():
-    stale = RECORDED.replace(
+def test_reconcile_replaces_a_stale_jump_with_another_comment(recorded, recorded_spec):
+    stale = recorded.replace(
         "install-proxy-init-prerouting", "install-proxy-init-prerouting/1673045000"
     )
-    ops = rules.reconcile(rules.plan(RECORDED_SPEC), rules.parse_save(stale))
+    ops = rules.reconcile(rules.plan(recorded_spec), rules.parse_save(stale))
     assert [o.kind for o in ops] == ["delete", "append"]
     assert ops[1].rule == rules.jump("PREROUTING")
 
 
-def test_removal_deletes_jumps_then_chains_and_nothing_else():
-    foreign = RECORDED.replace("COMMIT", "[0:0] -A OUTPUT -p udp -j RETURN\nCOMMIT", 1)
+def test_removal_deletes_jumps_then_chains_and_nothing_else(recorded):
+    foreign = recorded.replace("COMMIT", "[0:0] -A OUTPUT -p udp -j RETURN\nCOMMIT", 1)
     text = rules.render_ops(rules.removal(rules.parse_save(foreign)))
     assert text == (
         "*nat\n"
@@ -87,13 +69,13 @@ def test_removal_deletes_jumps_then_chains_and_nothing_else():
     )
 
 
-def test_drift_names_a_deleted_rule_and_a_missing_jump():
+def test_drift_names_a_deleted_rule_and_a_missing_jump(recorded, recorded_spec):
     broken = "\n".join(
         line
-        for line in RECORDED.splitlines()
+        for line in recorded.splitlines()
         if "ignore-loopback" not in line and "install-proxy-init-prerouting" not in line
     )
-    got = rules.drift(rules.plan(RECORDED_SPEC), rules.parse_save(broken))
+    got = rules.drift(rules.plan(recorded_spec), rules.parse_save(broken))
     assert any("missing" in d and "ignore-loopback" in d for d in got)
     assert any("missing" in d and "install-proxy-init-prerouting" in d for d in got)
 

@@ -5,38 +5,22 @@
 from __future__ import annotations
 
 import ipaddress
-from pathlib import Path
 
 import pytest
 
 from agent.redirect import rules_plan
-from agent.redirect.model import CaptureSpec, PortRange, PortSet
-
-
-def spec(**kw) -> CaptureSpec:
-    return CaptureSpec(pod="shop/web", netns=Path("/run/netns/web"), pod_ip="10.0.0.5", **kw)
-
-
-# Recorded with iptables-nft-save -c (v1.8.9) after enrolling a pod with
-# skip-outbound-ports=22,1000-2000 and skip-subnets=10.9.0.0/16 (shared with the
-# other test_rules*.py files and test_iptables_state.py).
-RECORDED = (Path(__file__).parent / "recorded-nft-save.txt").read_text()
-
-RECORDED_SPEC = spec(
-    skip_outbound_ports=PortSet((PortRange(22, 22), PortRange(1000, 2000))),
-    skip_subnets=(ipaddress.ip_network("10.9.0.0/16"),),
-)
+from agent.redirect.model import PortRange, PortSet
 
 
 def rule_lines(text: str) -> list[str]:
     return [line[line.index("-A ") :] for line in text.splitlines() if "-A " in line]
 
 
-def test_plan_renders_exactly_as_iptables_save_prints_it():
-    assert [r.render() for r in rules_plan.plan(RECORDED_SPEC).rules()] == rule_lines(RECORDED)
+def test_plan_renders_exactly_as_iptables_save_prints_it(recorded, recorded_spec):
+    assert [r.render() for r in rules_plan.plan(recorded_spec).rules()] == rule_lines(recorded)
 
 
-def test_default_plan_is_linkerd_inits_rules_with_a_mark_instead_of_a_uid():
+def test_default_plan_is_linkerd_inits_rules_with_a_mark_instead_of_a_uid(spec):
     got = [r.render() for r in rules_plan.plan(spec()).rules()]
     assert got == [
         '-A PREROUTING -m comment --comment "proxy-init/install-proxy-init-prerouting" -j PROXY_INIT_REDIRECT',
@@ -49,7 +33,7 @@ def test_default_plan_is_linkerd_inits_rules_with_a_mark_instead_of_a_uid():
     ]
 
 
-def test_skip_inbound_ports_join_the_proxy_ports_in_one_multiport_rule():
+def test_skip_inbound_ports_join_the_proxy_ports_in_one_multiport_rule(spec):
     got = rules_plan.inbound_rules(
         spec(skip_inbound_ports=PortSet((PortRange(22, 22), PortRange(8000, 8100))))
     )
@@ -95,12 +79,12 @@ def test_multiport_splits_at_fifteen_port_references(ranges, groups):
     assert rules_plan._multiport([PortRange(a, b) for a, b in ranges]) == groups
 
 
-def test_ipv6_skip_subnets_make_no_ipv4_rules():
+def test_ipv6_skip_subnets_make_no_ipv4_rules(spec):
     got = rules_plan.plan(spec(skip_subnets=(ipaddress.ip_network("fd00::/8"),))).rules()
     assert not any("fd00" in r.render() for r in got)
 
 
-def test_render_restore_is_one_transaction_declaring_both_chains():
+def test_render_restore_is_one_transaction_declaring_both_chains(spec):
     text = rules_plan.render_restore(rules_plan.plan(spec()))
     lines = text.splitlines()
     assert lines[:3] == ["*nat", ":PROXY_INIT_REDIRECT - [0:0]", ":PROXY_INIT_OUTPUT - [0:0]"]

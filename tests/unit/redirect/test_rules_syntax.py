@@ -4,20 +4,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from agent.redirect import rules_syntax
 
-# Recorded with iptables-nft-save -c (v1.8.9) after enrolling a pod with
-# skip-outbound-ports=22,1000-2000 and skip-subnets=10.9.0.0/16 (shared with the
-# other test_rules*.py files and test_iptables_state.py).
-RECORDED = (Path(__file__).parent / "recorded-nft-save.txt").read_text()
 
-
-def test_parse_save_reads_chains_rules_and_counters():
-    table = rules_syntax.parse_save(RECORDED)
+def test_parse_save_reads_chains_rules_and_counters(recorded):
+    table = rules_syntax.parse_save(recorded)
     assert table.chains["PROXY_INIT_OUTPUT"] == "-"
     assert table.chains["PREROUTING"] == "ACCEPT"
     redirect = table.in_chain("PROXY_INIT_OUTPUT")[-1]
