@@ -8,6 +8,13 @@ to find where messages end, and each response that ends is counted with its
 latency in a plain dict, the minimum a mesh proxy records. No routing,
 policy, pooling, balancing or header work.
 
+With `--cert PEM --ca CA` it speaks mutual TLS 1.3 on one side, with
+OpenSSL on the socket (`agent.bench.floortls`, the cheapest TLS Python has):
+`--tls-listen` terminates it (a client certificate signed by CA required),
+`--tls-connect SNI` originates it (the server must present SNI). One of
+each, in the client's pod and in the server's, is the two-hop floor that
+stands beside `haproxy-tls` (the bench setup `python-floor-tls`).
+
 The issue's yardstick (a relay like this reached HAProxy's HTTP rate on this
 kind of machine): the bench setup `python-floor` runs it where HAProxy runs,
 so the report shows how much of the gap between meshagent and HAProxy is
@@ -27,11 +34,15 @@ import asyncio
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
+from dataclasses import dataclass
 
 import httptools
 import uvloop
+
+from agent.bench import floortls
 
 
 class _Stats:
@@ -40,6 +51,30 @@ class _Stats:
     def __init__(self) -> None:
         self.by_status: dict[int, int] = {}
         self.latency_s = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Tls:
+    """TLS on the listener (terminate), toward the target (originate), or neither."""
+
+    listen: ssl.SSLContext | None = None
+    connect: ssl.SSLContext | None = None
+    sni: str | None = None
+
+
+def _tls(parser: argparse.ArgumentParser, args: argparse.Namespace) -> _Tls:
+    if not (args.tls_listen or args.tls_connect):
+        return _Tls()
+    if not (args.cert and args.ca):
+        parser.error("--tls-listen and --tls-connect need --cert and --ca")
+    purpose = ssl.Purpose.CLIENT_AUTH if args.tls_listen else ssl.Purpose.SERVER_AUTH
+    ctx = ssl.create_default_context(purpose, cafile=args.ca)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_cert_chain(args.cert)
+    if args.tls_listen:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        return _Tls(listen=ctx)
+    return _Tls(connect=ctx, sni=args.tls_connect)
 
 
 class _Upstream(asyncio.Protocol):
@@ -71,8 +106,9 @@ class _Upstream(asyncio.Protocol):
 
 
 class _Client(asyncio.Protocol):
-    def __init__(self, target: tuple[str, int], stats: _Stats) -> None:
+    def __init__(self, target: tuple[str, int], stats: _Stats, tls: _Tls) -> None:
         self.target = target
+        self.tls = tls
         self.stats = stats
         self.parser = httptools.HttpRequestParser(self)
         self.up: _Upstream | None = None
@@ -87,8 +123,12 @@ class _Client(asyncio.Protocol):
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            _, up = await loop.create_connection(lambda: _Upstream(self), *self.target)
-        except OSError:
+            if self.tls.connect is None:
+                _, up = await loop.create_connection(lambda: _Upstream(self), *self.target)
+            else:
+                up = _Upstream(self)
+                await floortls.connect(self.tls.connect, self.target, self.tls.sni, up)
+        except (OSError, ssl.SSLError):
             self.transport.close()
             return
         self.up = up
@@ -118,16 +158,24 @@ class _Client(asyncio.Protocol):
             up.transport.close()
 
 
-async def _serve(listen: tuple[str, int], target: tuple[str, int]) -> None:
+async def _serve(listen: tuple[str, int], target: tuple[str, int], tls: _Tls) -> None:
     loop = asyncio.get_running_loop()
     stats = _Stats()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(listen)
-    server = await loop.create_server(lambda: _Client(target, stats), sock=sock, backlog=4096)
     stop = loop.create_future()
     loop.add_signal_handler(signal.SIGTERM, stop.set_result, None)
+    if tls.listen is not None:
+        sock.listen(4096)
+        accepting = loop.create_task(
+            floortls.serve(tls.listen, sock, lambda: _Client(target, stats, tls))
+        )
+        await stop
+        accepting.cancel()
+        return
+    server = await loop.create_server(lambda: _Client(target, stats, tls), sock=sock, backlog=4096)
     async with server:
         await stop
 
@@ -144,17 +192,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("listen", type=_addr)
     parser.add_argument("target", type=_addr)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--cert", help="PEM with the certificate chain and its key")
+    parser.add_argument("--ca", help="PEM of the trust anchor for the peer's certificate")
+    side = parser.add_mutually_exclusive_group()
+    side.add_argument("--tls-listen", action="store_true", help="terminate mutual TLS")
+    side.add_argument("--tls-connect", metavar="SNI", help="originate mutual TLS to SNI")
     args = parser.parse_args(argv)
+    tls = _tls(parser, args)
     children: list[int] = []
     for _ in range(max(1, args.workers) - 1):
         pid = os.fork()
         if pid == 0:
-            uvloop.run(_serve(args.listen, args.target))
+            uvloop.run(_serve(args.listen, args.target, tls))
             os._exit(0)
         children.append(pid)
 
     try:
-        uvloop.run(_serve(args.listen, args.target))
+        uvloop.run(_serve(args.listen, args.target, tls))
     finally:
         for pid in children:
             os.kill(pid, signal.SIGTERM)

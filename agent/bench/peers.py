@@ -7,6 +7,8 @@
                                   (certificates from `make_certs`)
     python-floor                  `agent.bench.floor` where HAProxy runs: the
                                   least a Python relay does (HTTP loads only)
+    python-floor-tls              the floor where haproxy-tls runs: floor in
+                                  `cli` -> mTLS -> floor in `srv2`
 
 Each setup is a context manager over an `agent.bench.topology.Topology`
 yielding a `Target`; `agent.bench.setups.SETUPS` names them.
@@ -207,6 +209,50 @@ def python_floor(topo: Topology) -> Iterator[Target]:
         )
     finally:
         _stop(proc)
+
+
+def _floor(pod: LabPod, listen: str, target: str, tls: list[str]) -> subprocess.Popen[Any]:
+    argv = [sys.executable, "-m", "agent.bench.floor", listen, target]
+    argv += ["--workers", str(FLOOR_WORKERS), *tls]
+    return pod.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@contextlib.contextmanager
+def python_floor_tls(topo: Topology) -> Iterator[Target]:
+    """The floor on haproxy-tls's two hops: `cli` -> mutual TLS 1.3 -> `srv2` -> server."""
+    server_tls, client_tls = make_certs(topo.workdir)
+    server_side = _floor(
+        topo.srv2,
+        f"0.0.0.0:{TLS_HTTP_PORT}",
+        f"127.0.0.1:{HTTP_PORT}",
+        ["--cert", server_tls.cert, "--ca", server_tls.ca, "--tls-listen"],
+    )
+    try:
+        client_side = _floor(
+            topo.cli,
+            f"127.0.0.1:{PROXY_HTTP_PORT}",
+            f"{topo.srv2.ip}:{TLS_HTTP_PORT}",
+            ["--cert", client_tls.cert, "--ca", client_tls.ca, "--tls-connect", SERVER_NAME],
+        )
+        try:
+            wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT)
+            wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+            yield Target(
+                setup="python-floor-tls",
+                client=topo.cli,
+                host="127.0.0.1",
+                http_port=PROXY_HTTP_PORT,
+                iperf_port=0,
+                hops=2,
+                mtls=True,
+                roots=[client_side.pid, server_side.pid],
+                notes="the floor on both hops, uvloop's TLS transport, mutual TLS 1.3 (P-256)",
+                h2=False,
+            )
+        finally:
+            _stop(client_side)
+    finally:
+        _stop(server_side)
 
 
 @contextlib.contextmanager

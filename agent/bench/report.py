@@ -5,8 +5,8 @@ note says so).
 
 Rules:
 1. `added_p99_ms` of a row is its p99 minus the p99 of its baseline under the
-   same load: `direct-xnode` for cross-node setups and `haproxy-tls`,
-   `direct` for the rest; None when either is missing.
+   same load: `direct-xnode` for cross-node setups, `haproxy-tls` and
+   `python-floor-tls`, `direct` for the rest; None when either is missing.
 2. A ratio is meshagent's number over the peer's, named
    `<metric>:<meshagent setup>/<peer setup>[@load]`; it is left out when
    either side is missing or the peer's is zero, and for added latency when
@@ -26,6 +26,8 @@ Rules:
    rps and CPU per request over `haproxy-http`'s, and each same-node
    meshagent setup's over the floor's, named like rule 2's ratios. They say
    how much of the distance to HAProxy is Python's and how much the mesh's.
+   Cross node the same with `python-floor-tls` (the floor on both hops, mTLS
+   between them), `haproxy-tls` and the `-xnode` setups.
 6. Repeated rounds (`--repeat N`): `combine` makes one row per setup and load,
    each measured number the median over the rounds that did not fail
    (`rounds`, and `rps_rounds` for the spread); requests and errors are
@@ -47,6 +49,7 @@ ACCEL_PEER = "meshagent-ebpf"
 ACCEL_LATENCY_GOAL = 0.85  # ">= 15% below the plain path"
 ACCEL_BULK_FLOOR = 0.5  # "no bulk transfer failing": completes, at least half the plain rate
 FLOOR_SETUP = "python-floor"
+FLOOR_TLS_SETUP = "python-floor-tls"
 _FLOOR_METRICS = [  # (metric name, row key, load), rule 5
     ("http1_saturate_rps", "rps", "http1-saturate"),
     ("cpu_s_per_request", "cpu_s_per_req", "http1-saturate"),
@@ -69,7 +72,8 @@ COLUMNS = [
 
 
 def baseline_of(setup: str) -> str:
-    return "direct-xnode" if setup.endswith("-xnode") or setup == "haproxy-tls" else "direct"
+    cross = setup.endswith("-xnode") or setup in ("haproxy-tls", FLOOR_TLS_SETUP)
+    return "direct-xnode" if cross else "direct"
 
 
 def add_latency_over_baseline(rows: Sequence[Row]) -> None:
@@ -125,17 +129,22 @@ def ratios(rows: Sequence[Row]) -> dict[str, float]:
             if value is not None:
                 out[f"{metric}:{setup}/{peer}@{load}"] = value
     out.update(_accel_ratios(rows))
-    out.update(_floor_ratios(rows, [m for m in meshed if not m.endswith("-xnode")]))
+    same_node = [m for m in meshed if not m.endswith("-xnode")]
+    out.update(_floor_ratios(rows, FLOOR_SETUP, "haproxy-http", same_node))
+    cross_node = [m for m in meshed if m.endswith("-xnode")]
+    out.update(_floor_ratios(rows, FLOOR_TLS_SETUP, "haproxy-tls", cross_node))
     return out
 
 
-def _floor_ratios(rows: Sequence[Row], same_node: list[str]) -> dict[str, float]:
-    """Rule 5: the floor over HAProxy, each same-node meshagent setup over the floor."""
+def _floor_ratios(
+    rows: Sequence[Row], floor_setup: str, haproxy: str, meshed: list[str]
+) -> dict[str, float]:
+    """Rule 5: the floor over HAProxy, each meshagent setup of its topology over the floor."""
     out: dict[str, float] = {}
     for metric, key, load in _FLOOR_METRICS:
-        floor = _get(rows, FLOOR_SETUP, load, key)
-        pairs = [(FLOOR_SETUP, "haproxy-http", floor, _get(rows, "haproxy-http", load, key))]
-        pairs += [(s, FLOOR_SETUP, _get(rows, s, load, key), floor) for s in same_node]
+        floor = _get(rows, floor_setup, load, key)
+        pairs = [(floor_setup, haproxy, floor, _get(rows, haproxy, load, key))]
+        pairs += [(s, floor_setup, _get(rows, s, load, key), floor) for s in meshed]
         for mine, peer, a, b in pairs:
             value = _ratio(a, b)
             if value is not None:

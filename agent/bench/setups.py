@@ -7,6 +7,7 @@ Setups (each a context manager yielding a `Target`; `SETUPS` names them all):
     haproxy-tls                   HAProxy in `cli` -> mTLS -> HAProxy in `srv2`
     python-floor                  `agent.bench.floor` where HAProxy runs: the
                                   least a Python relay does (HTTP loads only)
+    python-floor-tls              the floor on haproxy-tls's two hops (mTLS)
     meshagent-{iptables,ebpf}     `meshagent run` on `a` meshing `cli`, `srv`:
                                   outbound -> same-node inbound, no TLS
     meshagent-{mode}-xnode        `meshagent run` on `a` (cli) and on `b`
@@ -48,6 +49,7 @@ from agent.bench.peers import (
     haproxy_tls,
     make_certs,
     python_floor,
+    python_floor_tls,
 )
 from agent.bench.topology import (
     HTTP_PORT,
@@ -205,6 +207,7 @@ SETUPS: dict[str, SetupFn] = {
     "meshagent-ebpf-accel": _meshagent("ebpf", xnode=False, accel=True),
     "direct-xnode": direct_xnode,
     "haproxy-tls": haproxy_tls,
+    "python-floor-tls": python_floor_tls,
     "meshagent-iptables-xnode": _meshagent("iptables", xnode=True),
     "meshagent-ebpf-xnode": _meshagent("ebpf", xnode=True),
 }

@@ -2,14 +2,17 @@
 
 It is a bench peer, so only its behaviour is tested: keep-alive requests come
 back unchanged, a broken request closes that connection only, SIGTERM stops
-every process it forked.
+every process it forked; two floors chained by mutual TLS relay requests, and
+a peer without the right certificate or name gets nothing through.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -21,9 +24,11 @@ import pytest
 
 from agent import aio
 from agent.bench import server
+from agent.bench.peers import SERVER_NAME, make_certs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 HOST = "127.0.0.1"
 
@@ -60,12 +65,12 @@ def upstream() -> Iterator[int]:
         t.join(5)
 
 
-@pytest.fixture
-def floor(upstream: int) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+@contextlib.contextmanager
+def _floor(target: int, *tls: str) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """`agent.bench.floor` listening on a free port, relaying to `target`; (port, process)."""
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.bench.floor", f"{HOST}:{port}", f"{HOST}:{upstream}"]
-    )
+    argv = [sys.executable, "-m", "agent.bench.floor", f"{HOST}:{port}", f"{HOST}:{target}"]
+    proc = subprocess.Popen([*argv, *tls])
     try:
         for _ in range(100):
             try:
@@ -80,6 +85,12 @@ def floor(upstream: int) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
                 child.kill()
             proc.kill()
         proc.wait(5)
+
+
+@pytest.fixture
+def floor(upstream: int) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    with _floor(upstream) as got:
+        yield got
 
 
 def _get(sock: socket.socket, path: bytes) -> bytes:
@@ -128,3 +139,61 @@ def test_sigterm_stops_the_relay_and_every_process_it_forked(
     gone, alive = psutil.wait_procs(children, timeout=5)
     assert not alive
     assert len(gone) == 1
+
+
+def test_two_floors_relay_over_mutual_tls(upstream: int, tmp_path: Path) -> None:
+    server_tls, client_tls = make_certs(tmp_path)
+    listen = ["--cert", server_tls.cert, "--ca", server_tls.ca, "--tls-listen"]
+    connect = ["--cert", client_tls.cert, "--ca", client_tls.ca, "--tls-connect", SERVER_NAME]
+    with _floor(upstream, *listen) as (tls_port, _), _floor(tls_port, *connect) as (port, _):
+        sock = socket.create_connection((HOST, port), timeout=5)
+        try:
+            for i in range(5):
+                assert _get(sock, b"/tls%d" % i) == b"HTTP/1.1 200 OK"
+        finally:
+            sock.close()
+        # Straight to the TLS side: answered with a client certificate, refused without.
+        with_cert = ssl.create_default_context(cafile=server_tls.ca)
+        with_cert.load_cert_chain(client_tls.cert)
+        assert _tls_answer(tls_port, with_cert) == b"HTTP/1.1 200 OK"
+        without = ssl.create_default_context(cafile=server_tls.ca)
+        assert _tls_answer(tls_port, without) is None
+
+
+def _tls_answer(port: int, ctx: ssl.SSLContext) -> bytes | None:
+    """The status line a TLS GET to `port` gets, or None when refused (alert or close)."""
+    try:
+        with (
+            socket.create_connection((HOST, port), timeout=5) as raw,
+            ctx.wrap_socket(raw, server_hostname=SERVER_NAME) as tls,
+        ):
+            tls.sendall(b"GET / HTTP/1.1\r\nHost: floor\r\n\r\n")
+            data = tls.recv(4096)
+    except (ssl.SSLError, ConnectionError):
+        return None
+    return data.split(b"\r\n", 1)[0] if data else None
+
+
+def test_a_floor_expecting_another_name_relays_nothing(upstream: int, tmp_path: Path) -> None:
+    server_tls, client_tls = make_certs(tmp_path)
+    listen = ["--cert", server_tls.cert, "--ca", server_tls.ca, "--tls-listen"]
+    connect = ["--cert", client_tls.cert, "--ca", client_tls.ca, "--tls-connect", "other.local"]
+    with _floor(upstream, *listen) as (tls_port, _), _floor(tls_port, *connect) as (port, _):
+        sock = socket.create_connection((HOST, port), timeout=5)
+        try:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: floor\r\n\r\n")
+            assert sock.recv(4096) == b""  # the handshake failed: the client is closed
+        finally:
+            sock.close()
+
+
+def test_tls_without_certificates_is_a_usage_error() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agent.bench.floor", f"{HOST}:1", f"{HOST}:2", "--tls-listen"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "--tls-listen and --tls-connect need --cert and --ca" in done.stderr

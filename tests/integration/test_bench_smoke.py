@@ -107,3 +107,40 @@ def test_profile_summarizes_each_meshagent_setups_workers(doc):
         assert text.startswith(f"cProfile of 2 worker(s) of {setup}:")
         assert "agent/proxy/" in text  # the data path's own functions are in the top list
     assert not (out / "haproxy-http").exists()  # only meshagent setups have workers
+
+
+@pytest.mark.timeout(120)
+def test_the_tls_floor_runs_on_haproxy_tls_two_hops_and_is_compared_with_it(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agent",
+            "bench",
+            "--quick",
+            "-o",
+            "json",
+            "--setups",
+            "direct-xnode,haproxy-tls,python-floor-tls",
+            "--loads",
+            "http1-rate-1000,http1-saturate",
+            "--duration",
+            "0.5",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    rows = {(r["setup"], r["load"]): r for r in doc["results"]}
+    floor = rows["python-floor-tls", "http1-saturate"]
+    assert "error" not in floor, floor
+    assert floor["rps"] > 0
+    assert floor["mtls"] is True
+    assert floor["cpu_s"] > 0  # both floors' processes were counted
+    assert rows["python-floor-tls", "http1-rate-1000"]["added_p99_ms"] is not None
+    assert doc["ratios"]["http1_saturate_rps:python-floor-tls/haproxy-tls@http1-saturate"] > 0

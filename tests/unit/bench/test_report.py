@@ -81,6 +81,33 @@ def test_the_python_floor_is_set_against_haproxy_and_same_node_meshagent_against
     }
 
 
+def test_the_tls_floor_is_set_against_haproxy_tls_and_cross_node_meshagent_against_it():
+    sat = "http1-saturate"
+    rows = [
+        {"setup": "haproxy-tls", "load": sat, "rps": 30000.0, "cpu_s_per_req": 4e-5},
+        {"setup": "python-floor-tls", "load": sat, "rps": 24000.0, "cpu_s_per_req": 6e-5},
+        {"setup": "meshagent-ebpf-xnode", "load": sat, "rps": 18000.0, "cpu_s_per_req": 9e-5},
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 40000.0},
+    ]
+    r = report.ratios(rows)
+    assert r[f"http1_saturate_rps:python-floor-tls/haproxy-tls@{sat}"] == 0.8
+    assert r[f"cpu_s_per_request:python-floor-tls/haproxy-tls@{sat}"] == 1.5
+    assert r[f"http1_saturate_rps:meshagent-ebpf-xnode/python-floor-tls@{sat}"] == 0.75
+    assert r[f"cpu_s_per_request:meshagent-ebpf-xnode/python-floor-tls@{sat}"] == 1.5
+    assert not any("ebpf/python-floor-tls" in k for k in r)  # two hops: cross node only
+    assert not any("/python-floor@" in k for k in r)  # no one-hop floor in these rows
+
+
+def test_the_tls_floor_adds_latency_over_direct_xnode():
+    rows = [
+        {"setup": "direct", "load": "http1-rate-1000", "p99_ms": 0.2},
+        {"setup": "direct-xnode", "load": "http1-rate-1000", "p99_ms": 0.5},
+        {"setup": "python-floor-tls", "load": "http1-rate-1000", "p99_ms": 1.25},
+    ]
+    report.add_latency_over_baseline(rows)
+    assert rows[2]["added_p99_ms"] == 0.75
+
+
 def test_memory_summary_sets_linkerd_sidecars_times_pods_and_the_goal_at_100():
     doc = report.document({}, _rows(), [])
     mem = doc["memory"]["meshagent-iptables@100"]
