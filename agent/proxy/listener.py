@@ -6,7 +6,12 @@ Rules:
    (agent.redirect.netns rule 3). So only `socket()` runs inside the pod's
    namespace, through `agent.redirect.netns`; everything else runs here.
 2. Listeners are opened by the supervisor (non-blocking, SO_REUSEADDR,
-   backlog 1024) and handed to the workers by fd passing.
+   backlog 1024) and handed to the workers by fd passing. A pod's listener is
+   one socket per worker, bound together with SO_REUSEPORT, so the kernel
+   spreads new connections over the workers by their addresses; one socket
+   shared by every worker would let whichever worker wakes first accept
+   nearly all of them (measured: one of two workers took every client
+   connection of a bench run, and capped it at one core).
 3. Upstream sockets (to an endpoint, or to the app on the pod's loopback) are
    created in the pod's namespace and carry `SO_MARK`, which the capture
    rules skip; without the mark the proxy would capture its own connections.
@@ -66,20 +71,27 @@ class ListenerError(AgentError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PodListeners:
-    """The two listening sockets of one pod; the caller owns (and closes) them."""
+    """One pod's outbound and inbound listeners, each one socket per worker (or one
+    socket for all); the caller owns (and closes) them."""
 
-    outbound: socket.socket
-    inbound: socket.socket
+    outbound: tuple[socket.socket, ...]
+    inbound: tuple[socket.socket, ...]
 
     def close(self) -> None:
-        self.outbound.close()
-        self.inbound.close()
+        for sock in (*self.outbound, *self.inbound):
+            sock.close()
 
 
 def open_listener(
-    netns_path: str | Path, host: str, port: int, *, backlog: int = LISTEN_BACKLOG
+    netns_path: str | Path,
+    host: str,
+    port: int,
+    *,
+    backlog: int = LISTEN_BACKLOG,
+    reuseport: bool = False,
 ) -> socket.socket:
-    """A non-blocking TCP listener on `host:port` inside the namespace at `netns_path`.
+    """A non-blocking TCP listener on `host:port` inside the namespace at `netns_path`;
+    with `reuseport`, one of a group of such listeners (SO_REUSEPORT, rule 2).
 
     Raises:
         NetnsError: the namespace cannot be entered.
@@ -88,6 +100,8 @@ def open_listener(
     sock = netns.socket_in(netns_path)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuseport:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(backlog)
         sock.setblocking(False)  # noqa: FBT003 - the socket API's own signature
@@ -103,20 +117,29 @@ def open_pod_listeners(
     *,
     outbound_port: int = OUTBOUND_PORT,
     inbound_port: int = INBOUND_PORT,
+    copies: int = 1,
 ) -> PodListeners:
     """The outbound (`127.0.0.1:outbound_port`) and inbound (`0.0.0.0:inbound_port`)
-    listeners of the pod whose namespace is at `netns_path`.
+    listeners of the pod whose namespace is at `netns_path`: `copies` sockets of each,
+    a SO_REUSEPORT group when more than one (rule 2).
 
     Raises:
+        ValueError: `copies` is below 1.
         NetnsError, ListenerError: as `open_listener`; nothing is left open.
     """
-    outbound = open_listener(netns_path, OUTBOUND_HOST, outbound_port)
+    if copies < 1:
+        raise ValueError(f"a listener needs at least one socket, got {copies}")
+    opened: list[socket.socket] = []
     try:
-        inbound = open_listener(netns_path, INBOUND_HOST, inbound_port)
+        for host, port in ((OUTBOUND_HOST, outbound_port), (INBOUND_HOST, inbound_port)):
+            for _ in range(copies):
+                sock = open_listener(netns_path, host, port, reuseport=copies > 1)
+                opened.append(sock)  # kept at once, for the cleanup below
     except BaseException:
-        outbound.close()
+        for sock in opened:
+            sock.close()
         raise
-    return PodListeners(outbound=outbound, inbound=inbound)
+    return PodListeners(outbound=tuple(opened[:copies]), inbound=tuple(opened[copies:]))
 
 
 def _marked(family: int, mark: int, count: int) -> list[socket.socket]:

@@ -7,7 +7,12 @@ Rules:
    `pass_fds`; nothing else is inherited.
 2. The pool owns the listener sockets it is given and keeps every current
    listener and state value, so that a new worker gets all of them (state
-   first, then listeners) before anything else.
+   first, then listeners) before anything else. A listener is one socket
+   shared by every worker, or one socket per worker slot (a SO_REUSEPORT
+   group, agent.proxy.listener rule 2): slot i's worker, and each
+   replacement of it, accepts on the i-th. While a slot's worker is being
+   replaced, the connections the kernel sends to its socket wait in that
+   socket's backlog for the replacement.
 3. A worker's exit is seen through its pidfd (`os.pidfd_open` on the loop);
    it is reaped by its own `Popen`, and replaced at once (after a short
    backoff only if it keeps dying young): well within 2 s.
@@ -28,8 +33,8 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from agent.proxy import channel as ch
@@ -149,7 +154,8 @@ class WorkerPool:
         self._on_tap = on_tap
         self._on_exit = on_exit
         self._procs: dict[int, _Proc] = {}  # by worker_id (slot); one process per slot
-        self._listeners: dict[str, tuple[ch.AddListener, socket.socket]] = {}
+        # id -> (the message, its sockets: one shared, or one per worker slot)
+        self._listeners: dict[str, tuple[ch.AddListener, tuple[socket.socket, ...]]] = {}
         self._state: dict[Hashable, Any] = {}
         self._young_deaths: dict[int, int] = {}
         self._respawns: dict[int, asyncio.TimerHandle] = {}
@@ -230,27 +236,52 @@ class WorkerPool:
         self._respawns.clear()
 
     def _close_listeners(self) -> None:
-        for _, sock in self._listeners.values():
-            sock.close()
+        for _, socks in self._listeners.values():
+            for sock in socks:
+                sock.close()
         self._listeners.clear()
 
     # --- the supervisor's calls -------------------------------------------------
 
     def add_listener(
-        self, *, listener_id: str, pod: str, kind: ListenerKind, netns: str, sock: socket.socket
+        self,
+        *,
+        listener_id: str,
+        pod: str,
+        kind: ListenerKind,
+        netns: str,
+        socks: Sequence[socket.socket],
     ) -> None:
-        """Have every worker (present and future) accept on `sock`; the pool now owns it.
+        """Have every worker (present and future) accept on `socks`: one socket for all,
+        or one per worker slot (rule 2). The pool now owns them.
 
         Raises:
-            ValueError: `listener_id` is already in the pool (the socket is not taken).
+            ValueError: `listener_id` is already in the pool, or there are neither one
+                nor `n` sockets (the sockets are not taken).
         """
         if listener_id in self._listeners:
             raise ValueError(f"listener {listener_id} is already in the pool")
+        if len(socks) not in (1, self.n):
+            raise ValueError(
+                f"listener {listener_id}: {len(socks)} sockets for {self.n} workers"
+                " (one for all, or one per worker)"
+            )
         msg = ch.AddListener(
-            listener_id=listener_id, pod=pod, kind=kind, netns=netns, fd=sock.fileno()
+            listener_id=listener_id, pod=pod, kind=kind, netns=netns, fd=socks[0].fileno()
         )
-        self._listeners[listener_id] = (msg, sock)
-        self._send_all(msg)
+        self._listeners[listener_id] = (msg, tuple(socks))
+        for p in self._procs.values():
+            if p.channel is not None:
+                p.channel.send(self._listener_for(p.worker_id, msg, socks))
+
+    @staticmethod
+    def _listener_for(
+        worker_id: int, msg: ch.AddListener, socks: Sequence[socket.socket]
+    ) -> ch.AddListener:
+        """`msg` with the socket of slot `worker_id` (rule 2)."""
+        if len(socks) == 1:
+            return msg
+        return replace(msg, fd=socks[worker_id].fileno())
 
     def remove_listener(self, listener_id: str, drain_s: float = 0.0) -> bool:
         """Stop accepting on a listener everywhere; its connections get `drain_s`.
@@ -262,7 +293,8 @@ class WorkerPool:
         if entry is None:
             return False
         self._send_all(ch.RemoveListener(listener_id=listener_id, drain_s=drain_s))
-        entry[1].close()
+        for sock in entry[1]:
+            sock.close()
         return True
 
     def broadcast(self, msg: ch.StateUpdate | ch.StateDelete) -> None:
@@ -337,8 +369,8 @@ class WorkerPool:
         self._procs[worker_id] = p
         for key, value in self._state.items():
             p.channel.send(ch.StateUpdate(key=key, value=value))
-        for msg, _ in self._listeners.values():
-            p.channel.send(msg)
+        for msg, socks in self._listeners.values():
+            p.channel.send(self._listener_for(worker_id, msg, socks))
         logger.info("worker started", extra={"worker": worker_id, "pid": proc.pid})
 
     def _exited(self, p: _Proc) -> None:

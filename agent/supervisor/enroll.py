@@ -193,21 +193,23 @@ class Enrollments:
             net.netns,
             outbound_port=spec.outbound_port,
             inbound_port=spec.inbound_port,
+            copies=self.pool.n,  # one per worker (agent.proxy.listener rule 2)
         )
         ids = (f"{pod.key}/{pod.uid}/outbound", f"{pod.key}/{pod.uid}/inbound")
         try:
             await asyncio.to_thread(self.redirector.enroll, spec)
             if self.mode is Mode.EBPF:  # its maps exist once the pod is enrolled
-                self.redirector.set_inbound_listener(spec, listeners.inbound)
+                # sk_lookup picks this socket; the kernel then picks within its group
+                self.redirector.set_inbound_listener(spec, listeners.inbound[0])
         except BaseException:
             listeners.close()
             raise
-        for lid, kind, sock in (
+        for lid, kind, socks in (
             (ids[0], ListenerKind.OUTBOUND, listeners.outbound),
             (ids[1], ListenerKind.INBOUND, listeners.inbound),
         ):
             self.pool.add_listener(
-                listener_id=lid, pod=pod.key, kind=kind, netns=str(net.netns), sock=sock
+                listener_id=lid, pod=pod.key, kind=kind, netns=str(net.netns), socks=socks
             )
         ident = self.identity.acquire(pod.namespace, pod.service_account).dns_name
         self.identities[(pod.namespace, pod.service_account)] = ident

@@ -330,20 +330,20 @@ async def world(module_lab, pki):
         node = homes[name]
         w.push(node, ("pod", info.key), info)
         w.push(node, ("pod-ip", info.ip), info.key)
-        listeners = open_pod_listeners(info.netns)
+        listeners = open_pod_listeners(info.netns, copies=w.pools[node].n)  # one per worker
         w.pools[node].add_listener(
             listener_id=f"{name}-out",
             pod=info.key,
             kind=ListenerKind.OUTBOUND,
             netns=info.netns,
-            sock=listeners.outbound,
+            socks=listeners.outbound,
         )
         w.pools[node].add_listener(
             listener_id=f"{name}-in",
             pod=info.key,
             kind=ListenerKind.INBOUND,
             netns=info.netns,
-            sock=listeners.inbound,
+            socks=listeners.inbound,
         )
     # Certificates: the clients and web2; web1 deliberately has none (the
     # same-node path must not need TLS).

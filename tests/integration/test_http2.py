@@ -205,8 +205,8 @@ async def world(module_lab, pki):
             node = homes[name]
             w.push(node, ("pod", info.key), info)
             w.push(node, ("pod-ip", info.ip), info.key)
-            listeners = open_pod_listeners(info.netns)
-            for kind, sock in (
+            listeners = open_pod_listeners(info.netns)  # one socket for all workers
+            for kind, socks in (
                 (ListenerKind.OUTBOUND, listeners.outbound),
                 (ListenerKind.INBOUND, listeners.inbound),
             ):
@@ -215,7 +215,7 @@ async def world(module_lab, pki):
                     pod=info.key,
                     kind=kind,
                     netns=info.netns,
-                    sock=sock,
+                    socks=socks,
                 )
         w.push("n1", ("tls", ALPHA.dns_name), pki.material(ALPHA))
         w.push("n1", ("tls", BETA.dns_name), pki.material(BETA))

@@ -484,8 +484,8 @@ def test_a_killed_worker_loses_only_its_own_connections(mesh: Mesh) -> None:
     conns: dict[int, socket.socket] = {}
     try:
         owners: dict[int, int] = {}
-        # Until both workers hold some. Both accept on the same listener, so which one wins
-        # a connection is up to the scheduler: pause between connections to give both a turn.
+        # Until both workers hold some (each accepts on its own socket of the listener's
+        # SO_REUSEPORT group; the kernel picks one per connection by its addresses).
         for _ in range(200):
             sock = netns.socket_in(a.netns)
             sock.settimeout(5)
@@ -514,6 +514,30 @@ def test_a_killed_worker_loses_only_its_own_connections(mesh: Mesh) -> None:
         wait_for("a new connection", lambda: _echo_once(a, b.ip), timeout=5)  # replacement
     finally:
         for sock in conns.values():
+            sock.close()
+
+
+def _inbound_owners(client, pod, n: int) -> set[int]:
+    """PIDs holding the accepted ends of `n` kept HTTP connections from `client` to `pod`."""
+    from agent.redirect import netns  # noqa: PLC0415
+
+    socks = []
+    try:
+        for _ in range(n):
+            sock = netns.socket_in(client.netns)
+            socks.append(sock)
+            sock.settimeout(5)
+            sock.connect((pod.ip, APP_PORT))
+            sock.sendall(b"GET /?kept HTTP/1.1\r\nHost: web\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        out = pod.run(["ss", "-Htnp", "state", "established", f"( sport = :{APP_PORT} )"]).stdout
+        return {
+            int(line.partition("pid=")[2].partition(",")[0])
+            for line in out.splitlines()
+            if line.split()[3].startswith(f"{client.ip}:") and "pid=" in line
+        }
+    finally:
+        for sock in socks:
             sock.close()
 
 
@@ -556,6 +580,10 @@ def test_ebpf_mode_carries_http_through_the_mesh_and_leaves_no_pin(mesh: Mesh) -
         assert curl(outsider, f"http://{b.ip}:{APP_PORT}/?inbound") == "200"
         seen = [ln for ln in mesh.servers["web"].read_text().splitlines() if "GET /?inbound" in ln]
         assert [ln.split()[0] for ln in seen] == [b.ip]
+        # sk_lookup picks web's inbound listener, the kernel one socket of its SO_REUSEPORT
+        # group: kept connections land on both workers (all 16 on one: p ~ 3e-5).
+        workers = {w["pid"] for w in mesh.dump()["workers"]}
+        assert _inbound_owners(outsider, b, 16) == workers
         dump = mesh.dump()
         assert dump["mode"] == "ebpf"
         assert dump["destinations"]["10.96.0.20:80"]["endpoints"] == [f"{b.ip}:{APP_PORT}"]

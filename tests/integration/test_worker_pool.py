@@ -99,7 +99,20 @@ async def _serve(pool: WorkerPool, pod_netns: str, echo_port: int, port=OUT_PORT
     pool.broadcast(StateUpdate(key="test-target", value=("127.0.0.1", echo_port)))
     sock = open_listener(pod_netns, "127.0.0.1", port)
     pool.add_listener(
-        listener_id=lid, pod="shop/web-1", kind=ListenerKind.OUTBOUND, netns=pod_netns, sock=sock
+        listener_id=lid, pod="shop/web-1", kind=ListenerKind.OUTBOUND, netns=pod_netns, socks=[sock]
+    )
+
+
+async def _serve_per_worker(pool: WorkerPool, pod_netns: str, echo_port: int) -> None:
+    """As `_serve`, with one SO_REUSEPORT socket per worker slot (the supervisor's way)."""
+    pool.broadcast(StateUpdate(key="test-target", value=("127.0.0.1", echo_port)))
+    socks = [open_listener(pod_netns, "127.0.0.1", OUT_PORT, reuseport=True) for _ in range(pool.n)]
+    pool.add_listener(
+        listener_id="out",
+        pod="shop/web-1",
+        kind=ListenerKind.OUTBOUND,
+        netns=pod_netns,
+        socks=socks,
     )
 
 
@@ -172,6 +185,59 @@ async def test_both_workers_accept_and_relay_to_the_echo_server(
     per_worker = {wid: s.accepted_total for wid, s in stats.items()}
     assert all(n > 0 for n in per_worker.values()), per_worker
     assert sum(s.failed_total for s in stats.values()) == 0
+
+
+async def test_per_worker_listeners_spread_a_burst_of_connections_over_the_workers(
+    make_pool, pod_netns, echo_port, clients
+):
+    pool = await make_pool(2)
+    await _serve_per_worker(pool, pod_netns, echo_port)
+    # 64 connections opened at once and kept, as a load generator does: each worker gets
+    # its share (one of two sockets per connection; fewer than 16 of 64 has p ~ 3e-5).
+    socks = await asyncio.gather(*(_connect(pod_netns, clients) for _ in range(64)))
+    for i, sock in enumerate(socks):
+        assert await _echo(sock, b"burst %d" % i) == b"burst %d" % i
+    stats = await _stats_until(pool, lambda s: sum(x.open_connections for x in s.values()) == 64)
+    per_worker = {wid: s.open_connections for wid, s in stats.items()}
+    assert all(n >= 16 for n in per_worker.values()), per_worker
+    assert all(s.listeners == 1 for s in stats.values())
+
+
+async def test_a_replaced_worker_takes_over_its_slots_socket_and_nothing_queued_is_lost(
+    make_pool, pod_netns, echo_port, clients
+):
+    pool = await make_pool(2)
+    await _serve_per_worker(pool, pod_netns, echo_port)
+    await _stats_until(pool, lambda s: all(x.listeners == 1 for x in s.values()))
+    victim = next(w for w in pool.workers if w.worker_id == 0)
+    os.kill(victim.pid, signal.SIGKILL)  # a PID this test's pool started
+    # Connect at once, while slot 0 has no worker: those the kernel gives slot 0's socket
+    # wait in its backlog and are served by the replacement.
+    socks = await asyncio.gather(*(_connect(pod_netns, clients) for _ in range(24)))
+    for i, sock in enumerate(socks):
+        assert await _echo(sock, b"queued %d" % i, within=5.0) == b"queued %d" % i
+    stats = await _stats_until(
+        pool, lambda s: sum(x.open_connections for x in s.values()) == 24, within=5.0
+    )
+    replacement = next(w for w in pool.workers if w.worker_id == 0)
+    assert replacement.pid != victim.pid
+    assert stats[0].listeners == 1
+    assert stats[0].accepted_total > 0  # slot 0's socket is the replacement's
+
+
+async def test_a_listener_needs_one_socket_or_one_per_worker(make_pool, pod_netns):
+    pool = await make_pool(2)
+    socks = [open_listener(pod_netns, "127.0.0.1", OUT_PORT, reuseport=True) for _ in range(3)]
+    try:
+        with pytest.raises(ValueError, match="3 sockets for 2 workers"):
+            pool.add_listener(
+                listener_id="out", pod="shop/web-1", kind=ListenerKind.OUTBOUND,
+                netns=pod_netns, socks=socks,
+            )  # fmt: skip
+        assert pool.listener_ids == []
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 async def test_killed_worker_is_replaced_quickly_and_only_its_connections_are_lost(
@@ -338,12 +404,14 @@ def test_pod_listeners_are_bound_inside_the_pod_namespace(pod_netns):
     probe = netns.socket_in(pod_netns)
     host = socket.socket()
     try:
-        assert _cookie(listeners.outbound) == _cookie(probe) != _cookie(host)
-        assert _cookie(listeners.inbound) == _cookie(probe)
-        assert listeners.outbound.getsockname() == ("127.0.0.1", 4140)
-        assert listeners.inbound.getsockname() == ("0.0.0.0", 4143)
-        assert listeners.outbound.getblocking() is False
-        assert listeners.outbound.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 1
+        (outbound,), (inbound,) = listeners.outbound, listeners.inbound
+        assert _cookie(outbound) == _cookie(probe) != _cookie(host)
+        assert _cookie(inbound) == _cookie(probe)
+        assert outbound.getsockname() == ("127.0.0.1", 4140)
+        assert inbound.getsockname() == ("0.0.0.0", 4143)
+        assert outbound.getblocking() is False
+        assert outbound.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 1
+        assert outbound.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 0  # alone
         out = subprocess.run(
             ["ip", "netns", "exec", Path(pod_netns).name, "ss", "-ltnH"],
             capture_output=True,
@@ -356,6 +424,28 @@ def test_pod_listeners_are_bound_inside_the_pod_namespace(pod_netns):
         listeners.close()
         probe.close()
         host.close()
+
+
+def test_pod_listeners_for_n_workers_are_a_reuseport_group_of_n_per_side(pod_netns):
+    listeners = open_pod_listeners(pod_netns, outbound_port=4140, inbound_port=4143, copies=3)
+    try:
+        assert len(listeners.outbound) == len(listeners.inbound) == 3
+        for sock in (*listeners.outbound, *listeners.inbound):
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
+        assert {s.getsockname() for s in listeners.outbound} == {("127.0.0.1", 4140)}
+        assert {s.getsockname() for s in listeners.inbound} == {("0.0.0.0", 4143)}
+        out = subprocess.run(
+            ["ip", "netns", "exec", Path(pod_netns).name, "ss", "-ltnH"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        bound = sorted(line.split()[3] for line in out.splitlines())
+        assert bound == ["0.0.0.0:4143"] * 3 + ["127.0.0.1:4140"] * 3
+    finally:
+        listeners.close()
+    with pytest.raises(ValueError, match="at least one socket"):
+        open_pod_listeners(pod_netns, copies=0)
 
 
 def test_listener_port_in_use_raises_listener_error_naming_the_namespace(pod_netns):
@@ -419,7 +509,7 @@ async def test_default_handler_relays_a_redirected_connection_to_its_original_de
         sock = open_listener(pod_netns, "127.0.0.1", OUT_PORT)
         pool.add_listener(
             listener_id="out", pod="shop/web-1", kind=ListenerKind.OUTBOUND,
-            netns=pod_netns, sock=sock,
+            netns=pod_netns, socks=[sock],
         )  # fmt: skip
         app = await netns.run_in_async(pod_netns, socket.socket)
         clients.append(app)
