@@ -277,7 +277,7 @@ def _orig_dst(conn: Conn | None) -> tuple[str, int] | None:
     from agent.proxy import worker as worker_mod  # noqa: PLC0415 - in the worker only
 
     try:
-        return worker_mod.resolve_target(conn)
+        return worker_mod.target_of(conn)
     except Exception:  # noqa: BLE001 - a label is not worth failing for
         return None
 

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
 from agent.identity.tls import peer_identity
-from agent.policy.authorize import Decision, Facts, authorize
+from agent.policy.authorize import Decision, Facts, authorize, parse_ip
 from agent.policy.model import ProxyProtocol, ServerPolicy
 from agent.proxy import h1msg, h2route, http1, httpproxy, tcp
 from agent.proxy import worker as worker_mod
@@ -422,7 +422,7 @@ async def _pod(worker: Worker, key: str) -> PodInfo | None:
 def _target_port(conn: Conn) -> int:
     """The original destination port (rule 1): SO_ORIGINAL_DST, else the local port."""
     try:
-        return worker_mod.resolve_target(conn)[1]
+        return worker_mod.target_of(conn)[1]
     except (OSError, AgentError):
         return conn.local[1]
 
@@ -458,7 +458,7 @@ async def handle(conn: Conn) -> None:
     sni, prefix, eof = await read_prefix(
         transport, bytes(conn.held.prefix), eof=conn.held.eof, decide=_sniff_tls, timeout=sniff_s
     )
-    client_ip = ipaddress.ip_address(conn.peer[0])
+    client_ip = parse_ip(conn.peer[0])
     identity: str | None = None
     tls = False
     if isinstance(sni, str) and sni == pod.identity:

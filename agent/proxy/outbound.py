@@ -30,14 +30,13 @@ Flow per connection (DESIGN.md "Flows", outbound):
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
-from agent.policy.authorize import Facts
+from agent.policy.authorize import Facts, parse_ip
 from agent.proxy import h1msg, h2route, http1, httpproxy, inbound
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NeedMore, Protocol, detect
@@ -154,7 +153,7 @@ class OutboundRouter:
         self.key = key
         self.dst = dst
         # The client as B's policy sees it on a same-node hop: A's pod IP, else the peer.
-        self.client_ip = ipaddress.ip_address(src.ip if src is not None else conn.peer[0])
+        self.client_ip = parse_ip(src.ip if src is not None else conn.peer[0])
         self.loop = asyncio.get_running_loop()
         # Per-connection caches (the source pod and client facts never change on a connection):
         self._labels: dict[tuple[str, str | None], dict[str, str]] = {}
@@ -522,7 +521,7 @@ def hop_opener(worker: Worker, hop: _Hop) -> TransportOpener:
 async def handle(conn: Conn) -> None:
     """Serve one connection accepted on a pod's outbound listener (see the module rules)."""
     worker = conn.worker
-    orig = worker_mod.resolve_target(conn)
+    orig = worker_mod.target_of(conn)
     if orig == conn.local:
         raise worker_mod.ProxyLoopError(conn.listener.listener_id, orig)
     src = worker.state.get((POD, conn.listener.pod))
@@ -598,7 +597,7 @@ async def _relay_endpoint(  # noqa: PLR0913 - the facts of one connection
             assert hop.peer is not None  # noqa: S101 - set for local hops
             identity = src.identity if src is not None else None
             facts = Facts(
-                client_ip=ipaddress.ip_address(src.ip if src is not None else conn.peer[0]),
+                client_ip=parse_ip(src.ip if src is not None else conn.peer[0]),
                 client_identity=identity,
                 tls=identity is not None,
                 dst_port=hop.addr[1],

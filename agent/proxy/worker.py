@@ -97,6 +97,7 @@ class Conn:
         "obs",
         "peer",
         "relay",
+        "target",
         "task",
         "transport",
         "worker",
@@ -114,6 +115,7 @@ class Conn:
         self.task: asyncio.Task[None] | None = None
         self.relay: tcp.Relay | None = None
         self.obs: Any = None  # the recorder's per-connection record
+        self.target: tuple[str, int] | None = None  # `target_of`'s answer, once asked
 
     @property
     def socket(self) -> Any:
@@ -227,6 +229,19 @@ def default_resolve_target(conn: Conn) -> tuple[str, int]:
 resolve_target: Callable[[Conn], tuple[str, int]] = default_resolve_target
 
 
+def target_of(conn: Conn) -> tuple[str, int]:
+    """`resolve_target(conn)`, asked once per connection (the handler and the recorder
+    both want it; it is a getsockopt and a parse).
+
+    Raises:
+        Whatever `resolve_target` raises (not remembered: the next call asks again).
+    """
+    target = conn.target
+    if target is None:
+        target = conn.target = resolve_target(conn)
+    return target
+
+
 async def relay_handler(conn: Conn) -> None:
     """Relay `conn` byte for byte to `resolve_target(conn)` from the pod's namespace.
 
@@ -234,7 +249,7 @@ async def relay_handler(conn: Conn) -> None:
         ProxyLoopError: the target is the listener itself.
         OSError, TimeoutError: the upstream connection failed.
     """
-    target = resolve_target(conn)
+    target = target_of(conn)
     if target == conn.local:
         raise ProxyLoopError(conn.listener.listener_id, target)
     worker = conn.worker

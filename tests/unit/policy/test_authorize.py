@@ -251,3 +251,16 @@ def test_route_without_matches_matches_everything_and_root_prefix_too():
 def test_bad_route_regex_is_rejected():
     with pytest.raises(ValueError, match="bad route path regex"):
         HttpRouteMatch(path_kind=PathKind.REGEX, path="(")
+
+
+def test_parse_ip_remembers_good_addresses_and_refuses_bad_ones_every_time():
+    from agent.policy.authorize import parse_ip  # noqa: PLC0415 - the one helper under test
+
+    first = parse_ip("10.1.2.3")
+    assert first == ipaddress.ip_address("10.1.2.3")
+    assert parse_ip("10.1.2.3") is first  # remembered, not parsed again
+    assert parse_ip("fd00::1") == ipaddress.ip_address("fd00::1")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="does not appear to be an IPv4 or IPv6 address"):
+            parse_ip("10.1.2")
+    assert Facts.of("10.1.2.3", dst_port=80).client_ip is first
