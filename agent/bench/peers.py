@@ -187,12 +187,16 @@ def haproxy_one_hop(mode: str) -> SetupFn:
     return setup
 
 
+def _floor(pod: LabPod, listen: str, target: str, tls: list[str]) -> subprocess.Popen[Any]:
+    argv = [sys.executable, "-m", "agent.bench.floor", listen, target]
+    argv += ["--workers", str(FLOOR_WORKERS), *tls]
+    return pod.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 @contextlib.contextmanager
 def python_floor(topo: Topology) -> Iterator[Target]:
     """The minimal Python relay (`agent.bench.floor`) where HAProxy runs: the Python floor."""
-    argv = [sys.executable, "-m", "agent.bench.floor", f"127.0.0.1:{PROXY_HTTP_PORT}"]
-    argv += [f"{topo.srv.ip}:{HTTP_PORT}", "--workers", str(FLOOR_WORKERS)]
-    proc = topo.cli.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = _floor(topo.cli, f"127.0.0.1:{PROXY_HTTP_PORT}", f"{topo.srv.ip}:{HTTP_PORT}", [])
     try:
         wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
         yield Target(
@@ -209,12 +213,6 @@ def python_floor(topo: Topology) -> Iterator[Target]:
         )
     finally:
         _stop(proc)
-
-
-def _floor(pod: LabPod, listen: str, target: str, tls: list[str]) -> subprocess.Popen[Any]:
-    argv = [sys.executable, "-m", "agent.bench.floor", listen, target]
-    argv += ["--workers", str(FLOOR_WORKERS), *tls]
-    return pod.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 @contextlib.contextmanager
@@ -246,7 +244,7 @@ def python_floor_tls(topo: Topology) -> Iterator[Target]:
                 hops=2,
                 mtls=True,
                 roots=[client_side.pid, server_side.pid],
-                notes="the floor on both hops, uvloop's TLS transport, mutual TLS 1.3 (P-256)",
+                notes="the floor on both hops, mutual TLS 1.3 (P-256), OpenSSL on the socket",
                 h2=False,
             )
         finally:

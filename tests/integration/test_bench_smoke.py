@@ -18,36 +18,22 @@ pytestmark = pytest.mark.privileged
 SETUPS = "direct,haproxy-http,python-floor,meshagent-iptables,meshagent-ebpf,meshagent-ebpf-accel"
 
 
-@pytest.fixture(scope="module")
-def doc(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agent",
-            "bench",
-            "--quick",
-            "-o",
-            "json",
-            "--setups",
-            SETUPS,
-            "--loads",
-            "http1-rate-1000,http1-saturate,memory-1",
-            "--duration",
-            "0.5",
-            "--out",
-            str(out),
-            "--profile",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        check=False,
-    )
+def _bench(out: Path, setups: str, loads: str, *more: str, timeout: float) -> dict:
+    """`meshagent bench --quick -o json` for 0.5 s per load; its JSON document."""
+    argv = [sys.executable, "-m", "agent", "bench", "--quick", "-o", "json"]
+    argv += ["--setups", setups, "--loads", loads, "--duration", "0.5", "--out", str(out), *more]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(done.stdout)
     assert json.loads((out / "bench.json").read_text()) == data
+    return data
+
+
+@pytest.fixture(scope="module")
+def doc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    loads = "http1-rate-1000,http1-saturate,memory-1"
+    data = _bench(out, SETUPS, loads, "--profile", timeout=170)
     data["out"] = str(out)
     return data
 
@@ -111,31 +97,8 @@ def test_profile_summarizes_each_meshagent_setups_workers(doc):
 
 @pytest.mark.timeout(120)
 def test_the_tls_floor_runs_on_haproxy_tls_two_hops_and_is_compared_with_it(tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agent",
-            "bench",
-            "--quick",
-            "-o",
-            "json",
-            "--setups",
-            "direct-xnode,haproxy-tls,python-floor-tls",
-            "--loads",
-            "http1-rate-1000,http1-saturate",
-            "--duration",
-            "0.5",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    doc = json.loads(done.stdout)
+    setups = "direct-xnode,haproxy-tls,python-floor-tls"
+    doc = _bench(tmp_path, setups, "http1-rate-1000,http1-saturate", timeout=110)
     rows = {(r["setup"], r["load"]): r for r in doc["results"]}
     floor = rows["python-floor-tls", "http1-saturate"]
     assert "error" not in floor, floor

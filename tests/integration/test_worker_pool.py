@@ -399,6 +399,12 @@ def _cookie(sock: socket.socket) -> int:
     return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), "little")
 
 
+def _listening(pod_netns: str) -> str:
+    """`ss -ltnH` inside the pod's namespace."""
+    argv = ["ip", "netns", "exec", Path(pod_netns).name, "ss", "-ltnH"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
 def test_pod_listeners_are_bound_inside_the_pod_namespace(pod_netns):
     listeners = open_pod_listeners(pod_netns, outbound_port=4140, inbound_port=4143)
     probe = netns.socket_in(pod_netns)
@@ -412,12 +418,7 @@ def test_pod_listeners_are_bound_inside_the_pod_namespace(pod_netns):
         assert outbound.getblocking() is False
         assert outbound.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 1
         assert outbound.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 0  # alone
-        out = subprocess.run(
-            ["ip", "netns", "exec", Path(pod_netns).name, "ss", "-ltnH"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        out = _listening(pod_netns)
         backlogs = {line.split()[3]: int(line.split()[2]) for line in out.splitlines()}
         assert backlogs == {"127.0.0.1:4140": 1024, "0.0.0.0:4143": 1024}
     finally:
@@ -434,12 +435,7 @@ def test_pod_listeners_for_n_workers_are_a_reuseport_group_of_n_per_side(pod_net
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
         assert {s.getsockname() for s in listeners.outbound} == {("127.0.0.1", 4140)}
         assert {s.getsockname() for s in listeners.inbound} == {("0.0.0.0", 4143)}
-        out = subprocess.run(
-            ["ip", "netns", "exec", Path(pod_netns).name, "ss", "-ltnH"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        out = _listening(pod_netns)
         bound = sorted(line.split()[3] for line in out.splitlines())
         assert bound == ["0.0.0.0:4143"] * 3 + ["127.0.0.1:4140"] * 3
     finally:
