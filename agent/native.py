@@ -44,11 +44,13 @@ PACKAGE_DIR = Path(__file__).resolve().parent  # .../agent
 BUILD_DIR = Path(os.environ.get(DIR_ENV) or PACKAGE_DIR / "_native")
 STAMP = "stamp"
 GROUP = "meshagent_native"
-# The per-request path of the HTTP/1 proxy and its recorder, in one group (rule 2):
+# The per-request path of the HTTP/1 proxy, the per-connection set-up (detect, plane)
+# and the workers' recorder, in one group (rule 2):
 # (package under agent/, module).
 MODULES = (
     ("proxy", "accrual"),
     ("proxy", "balance"),
+    ("proxy", "detect"),
     ("proxy", "h1client"),
     ("proxy", "h1fast"),
     ("proxy", "h1msg"),
@@ -58,6 +60,7 @@ MODULES = (
     ("proxy", "httpproxy"),
     ("proxy", "inbound"),
     ("proxy", "outbound"),
+    ("proxy", "plane"),
     ("proxy", "profile"),
     ("proxy", "record"),
     ("proxy", "upstream"),

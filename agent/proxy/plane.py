@@ -23,23 +23,27 @@ import asyncio
 import logging
 import random
 import weakref
+from collections.abc import Hashable  # noqa: TC003 - a field type, see below
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent import aio
 from agent.policy.authorize import Facts, authorize
+from agent.policy.model import ServerPolicy  # noqa: TC001 - a field type, see below
 from agent.proxy.balance import Balancer
 from agent.proxy.detect import NEED_MORE, NeedMore
 from agent.proxy.profile import RetryBudgetState
 from agent.proxy.record import recorder
+from agent.proxy.state import Destination  # noqa: TC001 - a field type, see below
+from agent.proxy.tcp import Relay  # noqa: TC001 - a field type, see below
 from agent.proxy.upstream import ConnPool, TlsContexts
 
-if TYPE_CHECKING:
-    from collections.abc import Callable, Hashable
+# The dataclasses' field types are imported at run time: compiled (agent.native), a
+# dataclass resolves them when it is made.
 
-    from agent.policy.model import ServerPolicy
-    from agent.proxy.state import Destination
-    from agent.proxy.tcp import Relay
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agent.proxy.worker import Worker
 
 logger = logging.getLogger(__name__)
