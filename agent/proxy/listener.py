@@ -11,7 +11,10 @@ Rules:
    spreads new connections over the workers by their addresses; one socket
    shared by every worker would let whichever worker wakes first accept
    nearly all of them (measured: one of two workers took every client
-   connection of a bench run, and capped it at one core).
+   connection of a bench run, and capped it at one core). A group is only
+   opened on a port nothing listens on (a plain bind probes it first), so it
+   never joins another process's SO_REUSEPORT listener: the port in use is a
+   `ListenerError`, as for one socket.
 3. Upstream sockets (to an endpoint, or to the app on the pod's loopback) are
    created in the pod's namespace and carry `SO_MARK`, which the capture
    rules skip; without the mark the proxy would capture its own connections.
@@ -132,6 +135,8 @@ def open_pod_listeners(
     opened: list[socket.socket] = []
     try:
         for host, port in ((OUTBOUND_HOST, outbound_port), (INBOUND_HOST, inbound_port)):
+            if copies > 1:
+                _probe_free(netns_path, host, port)
             for _ in range(copies):
                 sock = open_listener(netns_path, host, port, reuseport=copies > 1)
                 opened.append(sock)  # kept at once, for the cleanup below
@@ -140,6 +145,21 @@ def open_pod_listeners(
             sock.close()
         raise
     return PodListeners(outbound=tuple(opened[:copies]), inbound=tuple(opened[copies:]))
+
+
+def _probe_free(netns_path: str | Path, host: str, port: int) -> None:
+    """Raise ListenerError if something listens on `host:port` (rule 2): a plain bind
+    fails on a port with a listener, even a SO_REUSEPORT one; it accepts nothing.
+    """
+    probe = netns.socket_in(netns_path)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ListenerError(str(netns_path), f"listen {host}:{port}", reason) from exc
+    finally:
+        probe.close()
 
 
 def _marked(family: int, mark: int, count: int) -> list[socket.socket]:

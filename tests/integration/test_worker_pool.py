@@ -444,6 +444,21 @@ def test_pod_listeners_for_n_workers_are_a_reuseport_group_of_n_per_side(pod_net
         open_pod_listeners(pod_netns, copies=0)
 
 
+def test_a_reuseport_group_is_not_opened_on_a_port_another_reuseport_socket_holds(pod_netns):
+    other = netns.socket_in(pod_netns)  # someone else's SO_REUSEPORT listener on 4140
+    try:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 4140))
+        other.listen(8)
+        with pytest.raises(ListenerError, match=f"netns {pod_netns}: listen 127.0.0.1:4140"):
+            open_pod_listeners(pod_netns, outbound_port=4140, inbound_port=4143, copies=2)
+        assert "4143" not in _listening(pod_netns)  # nothing was left open
+    finally:
+        other.close()
+    listeners = open_pod_listeners(pod_netns, outbound_port=4140, inbound_port=4143, copies=2)
+    listeners.close()  # once it is gone, the group opens
+
+
 def test_listener_port_in_use_raises_listener_error_naming_the_namespace(pod_netns):
     first = open_listener(pod_netns, "127.0.0.1", 4150)
     try:
