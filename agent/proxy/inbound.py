@@ -34,14 +34,13 @@ The same-node path of outbound uses `authorize_http`, `app_target` and
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
 from agent.identity.tls import peer_identity
-from agent.policy.authorize import Decision, Facts, authorize, parse_ip
+from agent.policy.authorize import Decision, Facts, IPAddress, authorize, parse_ip
 from agent.policy.model import ProxyProtocol, ServerPolicy
 from agent.proxy import h1msg, h2route, http1, httpproxy, tcp
 from agent.proxy import worker as worker_mod
@@ -66,8 +65,6 @@ POD_WAIT_S = 2.0
 TLS_SNIFF_TIMEOUT_S = 10.0
 OPAQUE_SNIFF_TIMEOUT_S = 1.0  # server-speaks-first apps on opaque ports wait this long at most
 HANDSHAKE_TIMEOUT_S = 10.0
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 class _Plain:
