@@ -1,4 +1,5 @@
-"""The HTTP/1 request path compiled with mypyc, used only while it matches the sources.
+"""The request path (HTTP/1, HTTP/2) compiled with mypyc, used only while it matches the
+sources.
 
 Per request the proxy's Python was most of the distance to HAProxy (perf: 12 us of
 interpreter time per request against 2 us for a bare relay, the kernel's share being
@@ -44,8 +45,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent  # .../agent
 BUILD_DIR = Path(os.environ.get(DIR_ENV) or PACKAGE_DIR / "_native")
 STAMP = "stamp"
 GROUP = "meshagent_native"
-# The per-request path of the HTTP/1 proxy, the per-connection set-up (detect, plane)
-# and the workers' recorder, in one group (rule 2):
+# The per-request path of the HTTP/1 and HTTP/2 proxies, the per-connection set-up
+# (detect, plane) and the workers' recorder, in one group (rule 2):
 # (package under agent/, module).
 MODULES = (
     ("proxy", "accrual"),
@@ -56,7 +57,17 @@ MODULES = (
     ("proxy", "h1msg"),
     ("proxy", "h1plan"),
     ("proxy", "h1upstream"),
+    ("proxy", "h2codec"),
+    ("proxy", "h2conn"),
+    ("proxy", "h2events"),
+    ("proxy", "h2frame"),
+    ("proxy", "h2hpack"),
+    ("proxy", "h2msg"),
+    ("proxy", "h2pool"),
+    ("proxy", "h2route"),
+    ("proxy", "h2stream"),
     ("proxy", "http1"),
+    ("proxy", "http2"),
     ("proxy", "httpproxy"),
     ("proxy", "inbound"),
     ("proxy", "outbound"),

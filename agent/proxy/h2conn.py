@@ -1,27 +1,23 @@
 """One h2 connection as an `asyncio.Protocol`: the server side towards a client, or the
 client side towards an upstream (agent.proxy.http2's rules 2, 3, 6 and 8).
 
-It feeds received bytes to `h2`, turns events into items on its `H2Stream`s
-(agent.proxy.h2stream), hands new request streams to `next_incoming`, and writes
-what h2 queued once per loop iteration (`flush`), at once past `FLUSH_BYTES`.
+It feeds received bytes to its `H2Codec` (agent.proxy.h2codec), turns events into
+items on its `H2Stream`s (agent.proxy.h2stream), hands new request streams to
+`next_incoming`, and writes what the codec queued once per loop iteration (`flush`),
+at once past `FLUSH_BYTES`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from typing import TYPE_CHECKING, cast
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-
-from agent.proxy import h2msg
+from agent.proxy import h2events, h2msg
+from agent.proxy.h2codec import H2Codec
+from agent.proxy.h2events import H2ConnectionError, H2StreamClosedError
+from agent.proxy.h2frame import ErrorCode
 from agent.proxy.h2stream import CANCEL, END, Data, H2Stream, Head, Item, StreamGoneError, Trailers
 
 if TYPE_CHECKING:
@@ -36,21 +32,21 @@ STREAM_WINDOW = 1 << 20  # what one stream may have in flight towards us (http2 
 CONN_WINDOW = 8 << 20
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
-FLUSH_BYTES = 64 * 1024  # DATA queued in h2 past this is written at once (http2 rule 8)
+FLUSH_BYTES = 64 * 1024  # DATA queued in the codec past this is written at once (http2 rule 8)
 IDLE_TIMEOUT_S = 60.0
+MAX_STREAMS = 1000  # concurrent streams a peer may open towards us
 
 
 class H2Conn(asyncio.Protocol):
     """One h2 connection (either side); see the module rules."""
 
     def __init__(self, *, client_side: bool) -> None:
-        config = h2.config.H2Configuration(
+        self.h2 = H2Codec(
             client_side=client_side,
-            header_encoding=None,
-            validate_outbound_headers=False,  # h2msg rule 4 (rule 8)
-            normalize_outbound_headers=False,
+            stream_window=STREAM_WINDOW,
+            conn_window=CONN_WINDOW,
+            max_streams=MAX_STREAMS,
         )
-        self.h2 = h2.connection.H2Connection(config=config)
         self.client_side = client_side
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, H2Stream] = {}
@@ -60,7 +56,7 @@ class H2Conn(asyncio.Protocol):
         self.pool_key: Hashable = None
         self._write_paused = False
         self._flush_soon = False
-        self._queued = 0  # DATA bytes handed to h2 since the last write
+        self._queued = 0  # DATA bytes handed to the codec since the last write
         self._waiters: list[asyncio.Future[None]] = []  # window or drain or news
         self._idle: asyncio.TimerHandle | None = None
         self.on_idle: Callable[[H2Conn], None] | None = None
@@ -71,23 +67,13 @@ class H2Conn(asyncio.Protocol):
         tr = cast("asyncio.Transport", transport)
         self.transport = tr
         tr.set_write_buffer_limits(HIGH_WATER, LOW_WATER)
-        values = {
-            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1000,
-        }
-        if self.client_side:
-            values[h2.settings.SettingCodes.ENABLE_PUSH] = 0
-        self.h2.local_settings = h2.settings.Settings(
-            client=self.client_side, initial_values=values
-        )
-        self.h2.initiate_connection()
-        self.h2.increment_flow_control_window(CONN_WINDOW - 65535)
+        self.h2.initiate()
         self.flush()
 
     def data_received(self, data: bytes) -> None:
         try:
-            events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
+            events = self.h2.receive(data)
+        except H2ConnectionError as exc:
             logger.info("h2 protocol error, closing", extra={"error": str(exc)})
             self.flush()  # the GOAWAY
             self.close()
@@ -119,52 +105,47 @@ class H2Conn(asyncio.Protocol):
 
     # --- events (one isinstance chain, no await) -------------------------------------
 
-    def _event(self, ev: h2.events.Event) -> None:  # noqa: C901, PLR0912 - the dispatch table
-        if isinstance(ev, h2.events.DataReceived):
-            stream = self.streams.get(ev.stream_id or 0)
+    def _event(self, ev: h2events.Event) -> None:  # noqa: C901, PLR0912 - the dispatch table
+        if isinstance(ev, h2events.DataReceived):
+            stream = self.streams.get(ev.sid)
             if stream is None or stream.gone is not None:
-                self.ack(ev.stream_id or 0, ev.flow_controlled_length or 0)
-            else:
-                stream.push(Data(ev.data or b"", ev.flow_controlled_length or 0))
-        elif isinstance(ev, h2.events.RequestReceived):
-            stream = H2Stream(self, ev.stream_id or 0)
-            stream.request = list(cast("H2Headers", ev.headers or []))
+                self.ack(ev.sid, ev.flow)
+                return
+            if ev.flow:
+                stream.push(Data(ev.data, ev.flow))
+            if ev.end:
+                self._ended(ev.sid)
+        elif isinstance(ev, h2events.RequestReceived):
+            stream = H2Stream(self, ev.sid)
+            stream.request = ev.headers
             self.streams[stream.sid] = stream
             self._busy()
             self.incoming.append(stream)
+            if ev.end:
+                self._ended(ev.sid)
             self.wake()
-        elif isinstance(ev, h2.events.ResponseReceived):
-            self._push(ev.stream_id, Head(list(cast("H2Headers", ev.headers or [])), end=False))
-        elif isinstance(ev, h2.events.TrailersReceived):
-            self._push(ev.stream_id, Trailers(list(cast("H2Headers", ev.headers or []))))
-        elif isinstance(ev, h2.events.StreamEnded):
-            self._ended(ev.stream_id or 0)
-        elif isinstance(ev, h2.events.StreamReset):
-            stream = self.streams.pop(ev.stream_id or 0, None)
+        elif isinstance(ev, h2events.ResponseReceived):
+            self._push(ev.sid, Head(ev.headers, end=False))
+            if ev.end:
+                self._ended(ev.sid)
+        elif isinstance(ev, h2events.TrailersReceived):
+            self._push(ev.sid, Trailers(ev.headers))
+            self._ended(ev.sid)
+        elif isinstance(ev, h2events.StreamReset):
+            stream = self.streams.pop(ev.sid, None)
             if stream is not None:
-                stream.peer_reset(int(ev.error_code or 0))
+                stream.peer_reset(ev.code)
                 self._maybe_idle()
-        elif isinstance(ev, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+        elif isinstance(ev, h2events.WindowUpdated):
             self.wake()
-        elif isinstance(ev, h2.events.ConnectionTerminated):
-            self._goaway(ev.last_stream_id or 0)
-        elif isinstance(
-            ev,
-            h2.events.InformationalResponseReceived
-            | h2.events.SettingsAcknowledged
-            | h2.events.PingReceived
-            | h2.events.PingAckReceived
-            | h2.events.PriorityUpdated
-            | h2.events.UnknownFrameReceived
-            | h2.events.AlternativeServiceAvailable
-            | h2.events.PushedStreamReceived,
-        ):
-            pass  # nothing to forward: 1xx are dropped, pushes are refused by h2 settings
+        elif isinstance(ev, h2events.ConnectionTerminated):
+            self._goaway(ev.last_sid)
         else:
-            logger.debug("h2 event ignored", extra={"event": type(ev).__name__})
+            msg = f"BUG: unknown h2 event {ev!r}"
+            raise AssertionError(msg)  # noqa: TRY004 - a bug, not bad input
 
-    def _push(self, sid: int | None, item: Item) -> None:
-        stream = self.streams.get(sid or 0)
+    def _push(self, sid: int, item: Item) -> None:
+        stream = self.streams.get(sid)
         if stream is not None:
             stream.push(item)
 
@@ -187,21 +168,21 @@ class H2Conn(asyncio.Protocol):
             for sid, stream in list(self.streams.items()):
                 if sid > last_stream_id:
                     self.streams.pop(sid, None)
-                    stream.peer_reset(h2.errors.ErrorCodes.REFUSED_STREAM)
+                    stream.peer_reset(ErrorCode.REFUSED_STREAM)
         if not self.streams:
             self.close()
 
     # --- helpers -------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Write what h2 queued at the end of this loop iteration (rule 8): one write for
+        """Write what the codec queued at the end of this loop iteration (rule 8): one write for
         the frames of every stream that sent something meanwhile."""
         if not self._flush_soon:
             self._flush_soon = True
             asyncio.get_running_loop().call_soon(self.flush_now)
 
     def queued(self, size: int) -> None:
-        """`size` DATA bytes went to h2: write soon, or now past `FLUSH_BYTES` so that
+        """`size` DATA bytes went to the codec: write soon, or now past `FLUSH_BYTES` so that
         the transport's buffer (and so `drained`) sees them (rule 2)."""
         self._queued += size
         if self._queued >= FLUSH_BYTES:
@@ -210,7 +191,7 @@ class H2Conn(asyncio.Protocol):
             self.flush()
 
     def flush_now(self) -> None:
-        """Write what h2 queued now."""
+        """Write what the codec queued now."""
         self._flush_soon = False
         self._queued = 0
         data = self.h2.data_to_send()
@@ -221,9 +202,8 @@ class H2Conn(asyncio.Protocol):
     def ack(self, sid: int, flow: int) -> None:
         if flow <= 0 or self.closed or sid <= 0:
             return
-        with contextlib.suppress(h2.exceptions.ProtocolError):
-            self.h2.acknowledge_received_data(flow, sid)
-            self.flush()
+        self.h2.acknowledge(sid, flow)
+        self.flush()
 
     def forget(self, stream: H2Stream) -> None:
         """The stream is over on both sides (or reset): stop routing frames to it."""
@@ -291,8 +271,7 @@ class H2Conn(asyncio.Protocol):
             return False
         if self.transport.is_closing():
             return False
-        # Our own count: h2's `open_outbound_streams` walks every stream.
-        return len(self.streams) < self.h2.remote_settings.max_concurrent_streams
+        return len(self.streams) < self.h2.remote_max_streams
 
     def open_stream(self, headers: H2Headers, *, end: bool) -> H2Stream:
         """Start a request stream.
@@ -301,13 +280,12 @@ class H2Conn(asyncio.Protocol):
             StreamGoneError: the connection cannot take it any more.
         """
         try:
-            sid = self.h2.get_next_available_stream_id()
-            stream = H2Stream(self, sid)
-            self.streams[sid] = stream
-            self.h2.send_headers(sid, h2msg.protect(headers), end_stream=end)
-        except (h2.exceptions.ProtocolError, h2.exceptions.NoAvailableStreamIDError) as exc:
+            sid = self.h2.open_stream(h2msg.protect(headers), end=end)
+        except (H2StreamClosedError, H2ConnectionError) as exc:
             self.going_away = True
-            raise StreamGoneError(h2.errors.ErrorCodes.REFUSED_STREAM) from exc
+            raise StreamGoneError(ErrorCode.REFUSED_STREAM) from exc
+        stream = H2Stream(self, sid)
+        self.streams[sid] = stream
         stream.local_ended = end
         self._busy()
         self.flush()
@@ -315,7 +293,6 @@ class H2Conn(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            with contextlib.suppress(h2.exceptions.ProtocolError):
-                self.h2.close_connection()
+            self.h2.close()
             self.flush_now()
             self.transport.close()

@@ -1,7 +1,7 @@
 """HTTP/2 message helpers for the per-stream proxy: pure functions over h2 header lists.
 
-Headers are h2's `(name, value)` byte pairs, names lowercase (h2 validates
-inbound headers), pseudo-headers (`:method`, `:path`, `:authority`,
+Headers are `(name, value)` byte pairs, names lowercase (agent.proxy.h2frame checks
+received headers), pseudo-headers (`:method`, `:path`, `:authority`,
 `:status`) first.
 
 Rules:
@@ -15,16 +15,18 @@ Rules:
    dropped before the proxy adds its own (`with_client_id`).
 3. `grpc-status` is read from trailers, or from the response headers of a
    trailers-only response; a missing or unparsable value is None.
-4. What the proxy sends is valid without h2's outbound checks (the shell
-   turns them off: they cost a third of a forwarded stream): forwarded
-   headers were validated by h2 when received, and the proxy's own
-   (`answer_headers`, `with_client_id`) are built valid. `protect` keeps
-   credentials out of the HPACK table as h2's outbound normalization did.
+4. What the proxy sends is not checked again: forwarded headers were checked
+   when received (h2frame), and the proxy's own (`answer_headers`,
+   `with_client_id`) are built valid. `protect` keeps credentials and short
+   cookies out of the HPACK table (never indexed, as nghttp2 does), and
+   `with_client_id` keeps the fields as they arrived, a never-indexed one
+   (`NeverIndexedHeaderTuple`) included (RFC 7541 7.1.3).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 from hpack import NeverIndexedHeaderTuple
 
@@ -85,7 +87,7 @@ def grpc_status(headers: H2Headers) -> int | None:
 
 def with_client_id(headers: H2Headers, identity: str | None) -> H2Headers:
     """Drop any `l5d-client-id`; add the verified `identity` when there is one (rule 2)."""
-    out = [(k, v) for k, v in headers if k != CLIENT_ID]
+    out: H2Headers = [item for item in _fields(headers) if item[0] != CLIENT_ID]
     if identity is not None:
         out.append((CLIENT_ID, identity.encode("ascii")))
     return out
@@ -96,15 +98,23 @@ def protect(headers: H2Headers) -> H2Headers:
 
     Returns `headers` itself when nothing needs marking (the common case).
     """
-    out: H2Headers | None = None
-    for i, (key, value) in enumerate(headers):
+    out: list[Any] | None = None
+    for i, item in enumerate(_fields(headers)):
+        key, value = item[0], item[1]
         if (key in _SECRET or (key == b"cookie" and len(value) < _SHORT_COOKIE)) and not (
-            isinstance(headers[i], NeverIndexedHeaderTuple)
+            isinstance(item, NeverIndexedHeaderTuple)
         ):
             if out is None:
                 out = list(headers)
             out[i] = NeverIndexedHeaderTuple(key, value)
     return headers if out is None else out
+
+
+def _fields(headers: H2Headers) -> list[Any]:
+    """`headers` as a list of objects: a field may be a `NeverIndexedHeaderTuple`, and
+    compiled code (agent.native) would copy a `tuple[bytes, bytes]`-typed one into a
+    plain tuple, dropping the mark (rule 4)."""
+    return cast("list[Any]", headers)
 
 
 def answer_for(status: int, message: str, *, grpc: bool) -> Answer:
@@ -157,7 +167,7 @@ def _text(message: str) -> bytes:
 
 
 def _valid(value: bytes) -> bytes:
-    """A header value h2 would accept: no NUL, CR, LF; no surrounding whitespace (rule 4)."""
+    """A valid header value: no NUL, CR, LF; no surrounding whitespace (rule 4)."""
     return value.translate(_SQUASH).strip(b" \t")
 
 

@@ -8,7 +8,6 @@ connection is going away. `pool_of(worker)` is the worker's pool.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -63,10 +62,10 @@ class H2Pool:
             pending = self._opening.get(key)
             if pending is None:
                 break
-            with contextlib.suppress(UpstreamError):
+            try:
                 await asyncio.shield(pending)
-                continue
-            break
+            except UpstreamError:
+                break  # that opening failed: open another
         fut: asyncio.Future[H2Conn] = asyncio.get_running_loop().create_future()
         self._opening[key] = fut
         try:

@@ -15,22 +15,22 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import h2.errors
-import h2.exceptions
-
 from agent.proxy import h2msg
+from agent.proxy.h2events import H2ConnectionError, H2StreamClosedError
+from agent.proxy.h2frame import ErrorCode
+from agent.proxy.h2msg import H2Headers  # noqa: TC001 - a field type: compiled, a dataclass resolves it
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from agent.proxy.h2conn import H2Conn
-    from agent.proxy.h2msg import H2Headers
 
 logger = logging.getLogger(__name__)
 
 MAX_FRAME = 1 << 14
-CANCEL = h2.errors.ErrorCodes.CANCEL
-NO_ERROR = h2.errors.ErrorCodes.NO_ERROR
+CANCEL = ErrorCode.CANCEL
+NO_ERROR = ErrorCode.NO_ERROR
+_GONE = (H2StreamClosedError, H2ConnectionError)
 
 
 class StreamGoneError(Exception):
@@ -160,8 +160,8 @@ class H2Stream:
         """
         self._check()
         try:
-            self.conn.h2.send_headers(self.sid, h2msg.protect(headers), end_stream=end)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+            self.conn.h2.send_headers(self.sid, h2msg.protect(headers), end=end)
+        except _GONE as exc:
             raise self._lost(exc) from exc
         self.local_ended = self.local_ended or end
         self.conn.flush()
@@ -180,8 +180,8 @@ class H2Stream:
         while view:
             self._check()
             try:
-                window = conn.h2.local_flow_control_window(self.sid)
-            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+                window = conn.h2.window(self.sid)
+            except _GONE as exc:
                 raise self._lost(exc) from exc
             size = min(window, conn.h2.max_outbound_frame_size, len(view))
             if size <= 0:
@@ -190,8 +190,8 @@ class H2Stream:
             last = size == len(view)
             chunk = data if last and size == len(data) else view[:size].tobytes()
             try:
-                conn.h2.send_data(self.sid, chunk, end_stream=end and last)
-            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+                conn.h2.send_data(self.sid, chunk, end=end and last)
+            except _GONE as exc:
                 raise self._lost(exc) from exc
             view = view[size:]
             conn.queued(size)
@@ -213,7 +213,7 @@ class H2Stream:
         self._check()
         try:
             self.conn.h2.end_stream(self.sid)
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+        except _GONE as exc:
             raise self._lost(exc) from exc
         self.conn.flush()
         self._ended()
@@ -228,7 +228,7 @@ class H2Stream:
         if self.gone is not None:
             return
         self.gone = code
-        with contextlib.suppress(h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+        with contextlib.suppress(*_GONE):
             self.conn.h2.reset_stream(self.sid, code)
             self.conn.flush()
         self.items.append(Reset(code))

@@ -1,4 +1,4 @@
-"""HTTP/2 proxying per stream: a thin asyncio shell over `h2` connections.
+"""HTTP/2 proxying per stream: a thin asyncio shell over h2 connections (agent.proxy.h2codec).
 
 `H2Conn` is one h2 connection (server side towards the client, client side
 towards an upstream) as an `asyncio.Protocol`; `H2Stream` is one stream on
@@ -12,7 +12,7 @@ Rules:
    balancer per stream; inbound: the app after authorizing the stream), or
    answers itself (`h2msg.Answer`: deny, no endpoint, 502...).
 2. Flow control end to end, nothing buffered whole: a DATA frame's bytes are
-   acknowledged to their sender (`acknowledge_received_data`, which opens
+   acknowledged to their sender (`H2Codec.acknowledge`, which opens
    the window again) only once the other side's h2 connection took them, and
    that side sends only what its peer's window allows, waiting for
    WINDOW_UPDATE (and for the transport to drain) otherwise. Memory per
@@ -36,16 +36,17 @@ Rules:
    upstream, `recorder().response` when its response ends (or the proxy
    answered); `record.REQUEST` holds an HTTP/1-shaped head of the stream's
    request in the stream's task.
-8. Cost per stream is mostly h2's own work, so the shell adds little: frames
-   of every stream go out in one write per connection per loop iteration
-   (`flush` schedules it; `queued` writes at once past `FLUSH_BYTES` of DATA
-   so `drained` sees the transport's buffer); h2's outbound header checks
-   are off (h2msg rule 4: what is forwarded was checked when received); a
-   bodiless request gets no request-body task; a plain end queued behind
-   DATA goes in that DATA's last frame.
+8. Cost per stream stays low: the codec (h2codec, h2hpack) is ours and compiled
+   with the rest of the path (agent.native), with no per-frame objects; frames of
+   every stream go out in one write per connection per loop iteration (`flush`
+   schedules it; `queued` writes at once past `FLUSH_BYTES` of DATA so `drained`
+   sees the transport's buffer); what is sent is not checked again (h2msg rule 4:
+   what is forwarded was checked when received); a bodiless request gets no
+   request-body task; a plain end queued behind DATA goes in that DATA's last frame.
 
 The pieces: agent.proxy.h2stream (a stream and what its queue holds),
-agent.proxy.h2conn (a connection), agent.proxy.h2pool (upstream connections).
+agent.proxy.h2conn (a connection), agent.proxy.h2pool (upstream connections),
+agent.proxy.h2codec (the protocol, sans-I/O), agent.proxy.h2hpack (HPACK).
 """
 
 from __future__ import annotations
@@ -53,15 +54,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Hashable  # noqa: TC003 - a field type, see below
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
-
-import h2.errors
+from typing import Protocol
 
 from agent import aio
 from agent.proxy import h2msg
+from agent.proxy.balance import Handle  # noqa: TC001 - a field type, see below
 from agent.proxy.h2conn import H2Conn
+from agent.proxy.h2frame import ErrorCode
 from agent.proxy.h2msg import Answer, H2Headers
+from agent.proxy.h2pool import H2Pool, Opener  # noqa: TC001 - a field type, see below
 from agent.proxy.h2stream import (
     CANCEL,
     NO_ERROR,
@@ -72,16 +75,13 @@ from agent.proxy.h2stream import (
     StreamGoneError,
     Trailers,
 )
+from agent.proxy.model import Route  # noqa: TC001 - a field type, see below
 from agent.proxy.profile import classify
 from agent.proxy.record import REQUEST, Labels, recorder
 from agent.proxy.upstream import UpstreamError
 
-if TYPE_CHECKING:
-    from collections.abc import Hashable
-
-    from agent.proxy.balance import Handle
-    from agent.proxy.h2pool import H2Pool, Opener
-    from agent.proxy.model import Route
+# Routed's field types are imported at run time: compiled (agent.native), a dataclass
+# resolves them when it is made.
 
 logger = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ async def _pump(src: H2Stream, dst: H2Stream, *, propagate: bool = False) -> int
                     dst.end()
                 return None
             else:  # a second HEADERS that is not trailers
-                raise StreamGoneError(h2.errors.ErrorCodes.PROTOCOL_ERROR)  # noqa: TRY301
+                raise StreamGoneError(ErrorCode.PROTOCOL_ERROR)  # noqa: TRY301
     except StreamGoneError as exc:
         src.reset(CANCEL)
         dst.reset(exc.code)

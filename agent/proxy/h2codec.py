@@ -1,0 +1,630 @@
+"""A lean HTTP/2 connection (RFC 9113), sans-I/O: bytes in, events out, frames queued.
+
+What the per-stream proxy (agent.proxy.h2conn) needs of h2, and no more: streams,
+flow control, settings, PING, RST_STREAM, GOAWAY, HPACK (agent.proxy.h2hpack), and
+the checks of received headers (agent.proxy.h2frame). It replaces hyper-h2, whose
+frame objects, per-stream state machines and event classes were about 70% of a
+proxied stream's cost (bench/RESULTS.md).
+
+Rules:
+1. `receive(data)` returns the events of every complete frame in `data`, in order.
+   A connection error (RFC 9113 5.4.1) queues GOAWAY and raises `H2ConnectionError`;
+   the codec is then dead (every later call raises it again).
+2. A stream error (malformed headers, a body longer or shorter than its
+   content-length, DATA past END_STREAM, a stream window overrun) queues RST_STREAM
+   and, when the caller knows the stream, yields `StreamReset` for it. A request the
+   caller never saw (malformed, or past our MAX_CONCURRENT_STREAMS: REFUSED_STREAM)
+   is reset without an event. Header blocks are always decoded, so HPACK stays in step.
+3. Flow control: what the peer may send is bounded by our windows; the caller returns
+   what it consumed with `acknowledge(sid, n)`, and a WINDOW_UPDATE goes out once half
+   a window is owed. DATA for a stream the codec already forgot is credited back to
+   the connection at once. `window(sid)` is what we may send now; `send_data` past it,
+   or past `max_outbound_frame_size`, is a bug (AssertionError).
+4. A stream is forgotten once both sides ended it or it was reset either way;
+   calls on a forgotten stream raise `H2StreamClosedError`.
+5. Frames queue in one buffer in call order; `data_to_send()` takes them.
+6. One `WindowUpdated` per `receive` call at most, when any send window grew.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agent.proxy import h2frame as f
+from agent.proxy.h2events import (
+    ConnectionTerminated,
+    DataReceived,
+    Event,
+    H2ConnectionError,
+    H2StreamClosedError,
+    RequestReceived,
+    ResponseReceived,
+    StreamReset,
+    TrailersReceived,
+    WindowUpdated,
+)
+from agent.proxy.h2frame import ErrorCode
+from agent.proxy.h2hpack import Decoder, Encoder, HpackError, HpackTooLargeError
+
+if TYPE_CHECKING:
+    from agent.proxy.h2events import Headers
+
+MAX_HEADER_LIST = 64 * 1024  # decoded size we accept (advertised), as nghttp2's default
+MAX_HEADER_BLOCK = 256 * 1024  # encoded bytes across CONTINUATIONs before we give up
+_NO_BODY_STATUS = (b"204", b"304")
+_WINDOW_UPDATED = WindowUpdated()
+
+
+class _StreamError(Exception):
+    def __init__(self, sid: int, code: ErrorCode, reason: str) -> None:
+        self.sid = sid
+        self.code = code
+        super().__init__(reason)
+
+
+class _Stream:
+    __slots__ = ("expect", "got", "head", "local_ended", "owed", "recv", "remote_ended", "send")
+
+    def __init__(self, send: int, recv: int) -> None:
+        self.send = send  # what we may still send
+        self.recv = recv  # what the peer may still send
+        self.owed = 0  # consumed, not yet handed back by WINDOW_UPDATE
+        self.local_ended = False
+        self.remote_ended = False
+        self.head = False  # the peer's (final) headers arrived
+        self.expect: int | None = None  # the peer's content-length
+        self.got = 0
+
+
+class H2Codec:
+    """One HTTP/2 connection's protocol state; see the module rules."""
+
+    def __init__(
+        self, *, client_side: bool, stream_window: int, conn_window: int, max_streams: int
+    ) -> None:
+        self.client_side = client_side
+        self._stream_window = stream_window
+        self._conn_window = conn_window
+        self._max_streams = max_streams
+        self._out = bytearray()
+        self._in = b""
+        self._preface = not client_side  # server: the client preface is still due
+        self._settled = False  # the peer's first SETTINGS arrived
+        self._dead: H2ConnectionError | None = None
+        self._streams: dict[int, _Stream] = {}
+        self._next_sid = 1 if client_side else 2
+        self._last_peer_sid = 0
+        self._send_conn = f.DEFAULT_WINDOW
+        # Until they see ours, peers assume the RFC's initial windows (RFC 9113 6.9.2):
+        self._recv_conn = max(conn_window, f.DEFAULT_WINDOW)
+        self._recv_initial = max(stream_window, f.DEFAULT_WINDOW)
+        self._owed_conn = 0
+        self._peer_window = f.DEFAULT_WINDOW
+        self.max_outbound_frame_size = f.DEFAULT_MAX_FRAME
+        self.remote_max_streams = f.MAX_WINDOW
+        self.going_away = False  # the peer sent GOAWAY: open no more streams
+        self._heads: set[int] = set()  # client: streams whose request is HEAD
+        self._block: bytearray | None = None  # a header block awaiting CONTINUATION
+        self._block_sid = 0
+        self._block_end = False
+        self._encoder = Encoder()
+        self._decoder = Decoder(max_list=MAX_HEADER_LIST)
+        self._windowed = False
+
+    # --- starting and ending -------------------------------------------------------------
+
+    def initiate(self) -> None:
+        """Queue the preface (client), our SETTINGS and the connection window's growth."""
+        settings = {
+            f.INITIAL_WINDOW_SIZE: self._stream_window,
+            f.MAX_CONCURRENT_STREAMS: self._max_streams,
+            f.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+        }
+        if self.client_side:
+            settings[f.ENABLE_PUSH] = 0
+            self._out += f.PREFACE
+        self._out += f.frame(f.SETTINGS, 0, 0, f.settings_payload(settings))
+        if self._conn_window > f.DEFAULT_WINDOW:
+            grow = (self._conn_window - f.DEFAULT_WINDOW).to_bytes(4, "big")
+            self._out += f.frame(f.WINDOW_UPDATE, 0, 0, grow)
+
+    def close(self, code: ErrorCode = ErrorCode.NO_ERROR) -> None:
+        """Queue GOAWAY (no-op once dead)."""
+        if self._dead is None:
+            self._goaway(code)
+
+    def data_to_send(self) -> bytes:
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    # --- sending ----------------------------------------------------------------------------
+
+    def open_stream(self, headers: Headers, *, end: bool) -> int:
+        """Client side: a new stream carrying the request `headers`; its id.
+
+        Raises:
+            H2StreamClosedError: no stream can be opened (GOAWAY, ids exhausted, dead).
+            H2ConnectionError: the connection is dead.
+        """
+        self._alive()
+        sid = self._next_sid
+        if self.going_away or sid > f.SID_MASK:
+            raise H2StreamClosedError(sid)
+        self._next_sid += 2
+        self._streams[sid] = _Stream(self._peer_window, self._recv_initial)
+        if (b":method", b"HEAD") in headers:
+            self._heads.add(sid)
+        self.send_headers(sid, headers, end=end)
+        return sid
+
+    def send_headers(self, sid: int, headers: Headers, *, end: bool) -> None:
+        """Queue headers (or trailers with `end`) on an open stream.
+
+        Raises:
+            H2StreamClosedError: the stream is forgotten or our side already ended.
+            H2ConnectionError: the connection is dead.
+        """
+        st = self._open(sid)
+        block = self._encoder.encode(headers)
+        limit = self.max_outbound_frame_size
+        flags = f.END_STREAM if end else 0
+        if len(block) <= limit:
+            self._out += f.frame(f.HEADERS, flags | f.END_HEADERS, sid, block)
+        else:
+            chunks = [block[i : i + limit] for i in range(0, len(block), limit)]
+            self._out += f.frame(f.HEADERS, flags, sid, chunks[0])
+            for chunk in chunks[1:-1]:
+                self._out += f.frame(f.CONTINUATION, 0, sid, chunk)
+            self._out += f.frame(f.CONTINUATION, f.END_HEADERS, sid, chunks[-1])
+        if end:
+            self._local_end(sid, st)
+
+    def window(self, sid: int) -> int:
+        """What may be sent on `sid` now (rule 3).
+
+        Raises:
+            H2StreamClosedError: the stream is forgotten or our side already ended.
+            H2ConnectionError: the connection is dead.
+        """
+        st = self._open(sid)
+        return min(st.send, self._send_conn)
+
+    def send_data(self, sid: int, data: bytes, *, end: bool) -> None:
+        """Queue one DATA frame within `window(sid)` (rule 3).
+
+        Raises:
+            H2StreamClosedError: the stream is forgotten or our side already ended.
+            H2ConnectionError: the connection is dead.
+        """
+        st = self._open(sid)
+        size = len(data)
+        if size > st.send or size > self._send_conn or size > self.max_outbound_frame_size:
+            msg = f"BUG: {size} bytes past the window of stream {sid}"
+            raise AssertionError(msg)
+        st.send -= size
+        self._send_conn -= size
+        out = self._out
+        out += f.HEADER.pack(size >> 8, size & 0xFF, f.DATA, f.END_STREAM if end else 0, sid)
+        out += data
+        if end:
+            self._local_end(sid, st)
+
+    def end_stream(self, sid: int) -> None:
+        """Queue an empty DATA with END_STREAM.
+
+        Raises:
+            H2StreamClosedError: the stream is forgotten or our side already ended.
+            H2ConnectionError: the connection is dead.
+        """
+        st = self._open(sid)
+        self._out += f.frame(f.DATA, f.END_STREAM, sid)
+        self._local_end(sid, st)
+
+    def reset_stream(self, sid: int, code: int) -> None:
+        """Queue RST_STREAM and forget the stream.
+
+        Raises:
+            H2StreamClosedError: the stream is already forgotten.
+            H2ConnectionError: the connection is dead.
+        """
+        self._alive()
+        if self._streams.pop(sid, None) is None:
+            raise H2StreamClosedError(sid)
+        self._heads.discard(sid)
+        self._out += f.frame(f.RST_STREAM, 0, sid, code.to_bytes(4, "big"))
+
+    def acknowledge(self, sid: int, size: int) -> None:
+        """`size` received bytes were consumed: hand the windows back (rule 3)."""
+        if self._dead is not None or size <= 0:
+            return
+        self._owed_conn += size
+        if self._owed_conn >= self._conn_window // 2:
+            self._recv_conn += self._owed_conn
+            self._out += f.frame(f.WINDOW_UPDATE, 0, 0, self._owed_conn.to_bytes(4, "big"))
+            self._owed_conn = 0
+        st = self._streams.get(sid)
+        if st is None or st.remote_ended:
+            return
+        st.owed += size
+        if st.owed >= self._stream_window // 2:
+            st.recv += st.owed
+            self._out += f.frame(f.WINDOW_UPDATE, 0, sid, st.owed.to_bytes(4, "big"))
+            st.owed = 0
+
+    def _open(self, sid: int) -> _Stream:
+        self._alive()
+        st = self._streams.get(sid)
+        if st is None or st.local_ended:
+            raise H2StreamClosedError(sid)
+        return st
+
+    def _alive(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+
+    def _local_end(self, sid: int, st: _Stream) -> None:
+        st.local_ended = True
+        if st.remote_ended:
+            self._forget(sid)
+
+    def _forget(self, sid: int) -> None:
+        self._streams.pop(sid, None)
+        self._heads.discard(sid)
+
+    def _goaway(self, code: ErrorCode) -> None:
+        payload = self._last_peer_sid.to_bytes(4, "big") + int(code).to_bytes(4, "big")
+        self._out += f.frame(f.GOAWAY, 0, 0, payload)
+
+    # --- receiving ----------------------------------------------------------------------------
+
+    def receive(self, data: bytes) -> list[Event]:
+        """The events of every complete frame received so far (rules 1, 2, 6).
+
+        Raises:
+            H2ConnectionError: the peer broke the protocol; GOAWAY is queued.
+        """
+        self._alive()
+        if self._in:
+            data = self._in + data
+            self._in = b""
+        events: list[Event] = []
+        self._windowed = False
+        try:
+            pos = self._frames(data, events)
+        except H2ConnectionError as exc:
+            self._dead = exc
+            self._goaway(exc.code)
+            raise
+        if pos < len(data):
+            self._in = data[pos:]
+        if self._windowed:
+            events.append(_WINDOW_UPDATED)
+        return events
+
+    def _frames(self, data: bytes, events: list[Event]) -> int:
+        """Handle every complete frame of `data`; the offset of the first incomplete one."""
+        pos = 0
+        if self._preface:
+            if len(data) < len(f.PREFACE):
+                if not f.PREFACE.startswith(data):
+                    raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "no client preface")
+                return 0
+            if not data.startswith(f.PREFACE):
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "no client preface")
+            self._preface = False
+            pos = len(f.PREFACE)
+        end = len(data)
+        unpack = f.HEADER.unpack_from
+        while end - pos >= f.HEADER_SIZE:
+            hi, lo, ftype, flags, sid = unpack(data, pos)
+            size = (hi << 8) | lo
+            if size > f.DEFAULT_MAX_FRAME:
+                raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, f"frame of {size} bytes")
+            if end - pos - f.HEADER_SIZE < size:
+                break
+            start = pos + f.HEADER_SIZE
+            pos = start + size
+            payload = data[start:pos]
+            sid &= f.SID_MASK
+            try:
+                self._frame(ftype, flags, sid, payload, events)
+            except _StreamError as err:
+                self._stream_error(err, events)
+        return pos
+
+    def _frame(  # noqa: C901, PLR0912 - the dispatch table
+        self, ftype: int, flags: int, sid: int, payload: bytes, events: list[Event]
+    ) -> None:
+        if self._block is not None and ftype != f.CONTINUATION:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "header block interrupted")
+        if not self._settled and ftype != f.SETTINGS:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "first frame is not SETTINGS")
+        if ftype == f.DATA:
+            self._data(flags, sid, payload, events)
+        elif ftype == f.HEADERS:
+            self._headers(flags, sid, payload, events)
+        elif ftype == f.CONTINUATION:
+            self._continuation(flags, sid, payload, events)
+        elif ftype == f.WINDOW_UPDATE:
+            self._window_update(sid, payload)
+        elif ftype == f.RST_STREAM:
+            self._rst_stream(sid, payload, events)
+        elif ftype == f.SETTINGS:
+            self._settings(flags, sid, payload)
+        elif ftype == f.PING:
+            self._ping(flags, sid, payload)
+        elif ftype == f.GOAWAY:
+            self._goaway_received(sid, payload, events)
+        elif ftype == f.PRIORITY:
+            if sid == 0:
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "PRIORITY on stream 0")
+            if len(payload) != 5:
+                raise _StreamError(sid, ErrorCode.FRAME_SIZE_ERROR, "PRIORITY size")
+        elif ftype == f.PUSH_PROMISE:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "PUSH_PROMISE (push is off)")
+        # unknown frame types are ignored (RFC 9113 5.5)
+
+    def _stream_error(self, err: _StreamError, events: list[Event]) -> None:
+        self._out += f.frame(f.RST_STREAM, 0, err.sid, int(err.code).to_bytes(4, "big"))
+        if self._streams.pop(err.sid, None) is not None:
+            self._heads.discard(err.sid)
+            events.append(StreamReset(err.sid, err.code))
+
+    def _idle(self, sid: int) -> bool:
+        """Whether `sid` was never opened (by either side)."""
+        if (sid & 1) == self.client_side:  # one of ours: client odd, server even
+            return sid >= self._next_sid
+        return sid > self._last_peer_sid
+
+    # --- DATA ---------------------------------------------------------------------------------
+
+    def _data(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+        if sid == 0:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "DATA on stream 0")
+        flow = len(payload)
+        self._recv_conn -= flow
+        if self._recv_conn < 0:
+            raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "connection window overrun")
+        st = self._streams.get(sid)
+        if st is None:
+            if self._idle(sid):
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"DATA on idle stream {sid}")
+            self.acknowledge(0, flow)  # a forgotten stream: its bytes go back at once
+            return
+        end = bool(flags & f.END_STREAM)
+        try:
+            data = self._accept_data(sid, st, payload, padded=bool(flags & f.PADDED), end=end)
+        except _StreamError:
+            self.acknowledge(0, flow)  # nobody will consume it
+            raise
+        events.append(DataReceived(sid, data, flow, end))
+        if end:
+            st.remote_ended = True
+            if st.local_ended:
+                self._forget(sid)
+
+    @staticmethod
+    def _accept_data(sid: int, st: _Stream, payload: bytes, *, padded: bool, end: bool) -> bytes:
+        """The body bytes of a DATA frame the stream may take (rule 2)."""
+        data = _unpad(payload) if padded else payload
+        if st.remote_ended:
+            raise _StreamError(sid, ErrorCode.STREAM_CLOSED, "DATA after END_STREAM")
+        if not st.head:
+            raise _StreamError(sid, ErrorCode.PROTOCOL_ERROR, "DATA before the response")
+        st.recv -= len(payload)
+        if st.recv < 0:
+            raise _StreamError(sid, ErrorCode.FLOW_CONTROL_ERROR, "stream window overrun")
+        st.got += len(data)
+        if st.expect is not None and (st.got > st.expect or (end and st.got != st.expect)):
+            raise _StreamError(sid, ErrorCode.PROTOCOL_ERROR, "body and content-length")
+        return data
+
+    # --- HEADERS and CONTINUATION ----------------------------------------------------------
+
+    def _headers(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+        if sid == 0:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "HEADERS on stream 0")
+        block = _unpad(payload) if flags & f.PADDED else payload
+        if flags & f.PRIORITY_FLAG:
+            if len(block) < 5:
+                raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS priority")
+            block = block[5:]
+        end = bool(flags & f.END_STREAM)
+        if flags & f.END_HEADERS:
+            self._header_block(sid, block, end, events)
+        else:
+            self._block = bytearray(block)
+            self._block_sid = sid
+            self._block_end = end
+
+    def _continuation(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
+        block = self._block
+        if block is None or sid != self._block_sid:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "CONTINUATION out of place")
+        block += payload
+        if len(block) > MAX_HEADER_BLOCK:
+            raise H2ConnectionError(ErrorCode.ENHANCE_YOUR_CALM, "header block too large")
+        if flags & f.END_HEADERS:
+            self._block = None
+            self._header_block(sid, bytes(block), self._block_end, events)
+
+    def _decode(self, block: bytes) -> Headers:
+        try:
+            return self._decoder.decode(block)
+        except HpackError as exc:  # one clause: mypyc mistypes `exc` bound twice (#620)
+            too_large = isinstance(exc, HpackTooLargeError)
+            code = ErrorCode.ENHANCE_YOUR_CALM if too_large else ErrorCode.COMPRESSION_ERROR
+            raise H2ConnectionError(code, str(exc)) from exc
+
+    def _header_block(self, sid: int, block: bytes, end: bool, events: list[Event]) -> None:
+        headers = self._decode(block)  # always: HPACK state must stay in step (rule 2)
+        st = self._streams.get(sid)
+        if st is not None:
+            self._known_headers(sid, st, headers, end=end, events=events)
+            return
+        if self.client_side or (sid & 1) == 0:
+            if self._idle(sid):
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"HEADERS on stream {sid}")
+            return  # a stream we forgot: ignored
+        if sid <= self._last_peer_sid:
+            raise _StreamError(sid, ErrorCode.STREAM_CLOSED, "HEADERS on a closed stream")
+        self._last_peer_sid = sid
+        if len(self._streams) >= self._max_streams:
+            raise _StreamError(sid, ErrorCode.REFUSED_STREAM, "too many streams")
+        reason = f.check_request(headers)
+        expect = f.content_length(headers)
+        if reason is not None or expect == -1 or (end and expect not in (None, 0)):
+            raise _StreamError(sid, ErrorCode.PROTOCOL_ERROR, reason or "content-length")
+        st = _Stream(self._peer_window, self._recv_initial)
+        st.head = True
+        st.expect = expect
+        st.remote_ended = end
+        self._streams[sid] = st
+        events.append(RequestReceived(sid, headers, end))
+
+    def _known_headers(
+        self, sid: int, st: _Stream, headers: Headers, *, end: bool, events: list[Event]
+    ) -> None:
+        if st.remote_ended:
+            raise _StreamError(sid, ErrorCode.STREAM_CLOSED, "HEADERS after END_STREAM")
+        if st.head:
+            reason = f.check_trailers(headers)
+            if reason is not None or not end:
+                raise _StreamError(sid, ErrorCode.PROTOCOL_ERROR, reason or "trailers not last")
+            if st.expect is not None and st.got != st.expect:
+                raise _StreamError(sid, ErrorCode.PROTOCOL_ERROR, "body and content-length")
+            events.append(TrailersReceived(sid, headers))
+        elif self._response(sid, st, headers, end=end):
+            events.append(ResponseReceived(sid, headers, end))
+        else:
+            return  # informational: nothing to forward
+        if end:
+            st.remote_ended = True
+            if st.local_ended:
+                self._forget(sid)
+
+    def _response(self, sid: int, st: _Stream, headers: Headers, *, end: bool) -> bool:
+        """Client side: check a response head; whether it is the final one."""
+        reason = f.check_response(headers)
+        if reason is not None:
+            raise _StreamError(sid, ErrorCode.PROTOCOL_ERROR, reason)
+        status = headers[0][1]
+        if status[:1] == b"1":
+            if end or status == b"101":
+                raise _StreamError(sid, ErrorCode.PROTOCOL_ERROR, f"{status!r} response")
+            return False
+        st.head = True
+        if sid in self._heads or status in _NO_BODY_STATUS:
+            st.expect = 0  # no body, whatever content-length says (RFC 9110 6.4.1)
+        else:
+            st.expect = f.content_length(headers)
+            if st.expect == -1 or (end and st.expect not in (None, 0)):
+                raise _StreamError(sid, ErrorCode.PROTOCOL_ERROR, "content-length")
+        return True
+
+    # --- control frames --------------------------------------------------------------------
+
+    def _window_update(self, sid: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "WINDOW_UPDATE size")
+        grow = int.from_bytes(payload, "big") & f.SID_MASK
+        if sid == 0:
+            if grow == 0:
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self._send_conn += grow
+            if self._send_conn > f.MAX_WINDOW:
+                raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "window past 2^31-1")
+            self._windowed = True
+            return
+        st = self._streams.get(sid)
+        if st is None:
+            if self._idle(sid):
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE on idle")
+            return
+        if grow == 0:
+            raise _StreamError(sid, ErrorCode.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+        st.send += grow
+        if st.send > f.MAX_WINDOW:
+            raise _StreamError(sid, ErrorCode.FLOW_CONTROL_ERROR, "window past 2^31-1")
+        self._windowed = True
+
+    def _rst_stream(self, sid: int, payload: bytes, events: list[Event]) -> None:
+        if sid == 0:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        if len(payload) != 4:
+            raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM size")
+        if self._streams.pop(sid, None) is not None:
+            self._heads.discard(sid)
+            events.append(StreamReset(sid, int.from_bytes(payload, "big")))
+        elif self._idle(sid):
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "RST_STREAM on idle stream")
+
+    def _settings(self, flags: int, sid: int, payload: bytes) -> None:
+        if sid != 0:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & f.ACK:
+            if payload:
+                raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS ACK with payload")
+            self._settings_acked()
+            return
+        if len(payload) % f.SETTING.size:
+            raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "SETTINGS size")
+        for key, value in f.SETTING.iter_unpack(payload):
+            self._setting(key, value)
+        self._settled = True
+        self._out += f.frame(f.SETTINGS, f.ACK, 0)
+
+    def _settings_acked(self) -> None:
+        """The peer applies our SETTINGS from now on: a stream window under the RFC's
+        initial 65,535 holds only from here (RFC 9113 6.9.2, rule 3)."""
+        delta = self._stream_window - self._recv_initial
+        if delta:
+            self._recv_initial = self._stream_window
+            for st in self._streams.values():
+                st.recv += delta
+
+    def _setting(self, key: int, value: int) -> None:
+        if key == f.INITIAL_WINDOW_SIZE:
+            if value > f.MAX_WINDOW:
+                raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "initial window")
+            delta = value - self._peer_window
+            self._peer_window = value
+            for st in self._streams.values():
+                st.send += delta
+                if st.send > f.MAX_WINDOW:
+                    raise H2ConnectionError(ErrorCode.FLOW_CONTROL_ERROR, "stream window")
+            self._windowed = self._windowed or delta > 0
+        elif key == f.MAX_FRAME_SIZE:
+            if not f.DEFAULT_MAX_FRAME <= value <= f.MAX_FRAME_LIMIT:
+                raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"max frame size {value}")
+            self.max_outbound_frame_size = value
+        elif key == f.MAX_CONCURRENT_STREAMS:
+            self.remote_max_streams = value
+        elif key == f.HEADER_TABLE_SIZE:
+            self._encoder.resize(value)
+        elif key == f.ENABLE_PUSH and (value > 1 or (value == 1 and self.client_side)):
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, f"enable push {value}")
+
+    def _ping(self, flags: int, sid: int, payload: bytes) -> None:
+        if sid != 0:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "PING on a stream")
+        if len(payload) != 8:
+            raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "PING size")
+        if not flags & f.ACK:
+            self._out += f.frame(f.PING, f.ACK, 0, payload)
+
+    def _goaway_received(self, sid: int, payload: bytes, events: list[Event]) -> None:
+        if sid != 0:
+            raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "GOAWAY on a stream")
+        if len(payload) < 8:
+            raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "GOAWAY size")
+        self.going_away = True
+        last = int.from_bytes(payload[:4], "big") & f.SID_MASK
+        events.append(ConnectionTerminated(last, int.from_bytes(payload[4:8], "big")))
+
+
+def _unpad(payload: bytes) -> bytes:
+    if not payload or payload[0] >= len(payload):
+        raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "padding past the frame")
+    return payload[1 : len(payload) - payload[0]]

@@ -1,0 +1,194 @@
+"""HTTP/2 wire facts for agent.proxy.h2codec: frame types, flags, settings, error codes,
+the frame header, and the checks of received header lists (RFC 9113 8.2, 8.3).
+
+Rules:
+1. Pure: bytes and header lists in, bytes or a reason out.
+2. `check_request` / `check_response` / `check_trailers` return None for a well-formed
+   header list, else why it is malformed (the codec resets the stream with
+   PROTOCOL_ERROR, RFC 9113 8.1.1). What they check: names are visible ASCII
+   without upper case or colon; values hold no NUL, CR or LF, and a regular field's
+   no surrounding whitespace; pseudo-headers come first, once each, and only those
+   of the message's kind; no connection-specific fields, `te` only `trailers`; a
+   request has `:method`, `:scheme` and a non-empty `:path` (CONNECT: `:authority`
+   and neither of the other two); `:authority` and `host` agree; a response has a
+   three-digit `:status`; trailers have no pseudo-headers.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HEADER = struct.Struct(">HBBBL")  # length (24 bits as 16 + 8), type, flags, stream id
+HEADER_SIZE = 9
+DEFAULT_WINDOW = 65535
+DEFAULT_MAX_FRAME = 1 << 14
+MAX_FRAME_LIMIT = (1 << 24) - 1
+MAX_WINDOW = (1 << 31) - 1
+SID_MASK = MAX_WINDOW
+
+# frame types
+DATA = 0x0
+HEADERS = 0x1
+PRIORITY = 0x2
+RST_STREAM = 0x3
+SETTINGS = 0x4
+PUSH_PROMISE = 0x5
+PING = 0x6
+GOAWAY = 0x7
+WINDOW_UPDATE = 0x8
+CONTINUATION = 0x9
+
+# flags
+END_STREAM = 0x1
+ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+
+# settings
+HEADER_TABLE_SIZE = 0x1
+ENABLE_PUSH = 0x2
+MAX_CONCURRENT_STREAMS = 0x3
+INITIAL_WINDOW_SIZE = 0x4
+MAX_FRAME_SIZE = 0x5
+MAX_HEADER_LIST_SIZE = 0x6
+SETTING = struct.Struct(">HL")
+
+
+class ErrorCode(enum.IntEnum):
+    """RFC 9113 section 7."""
+
+    NO_ERROR = 0x0
+    PROTOCOL_ERROR = 0x1
+    INTERNAL_ERROR = 0x2
+    FLOW_CONTROL_ERROR = 0x3
+    SETTINGS_TIMEOUT = 0x4
+    STREAM_CLOSED = 0x5
+    FRAME_SIZE_ERROR = 0x6
+    REFUSED_STREAM = 0x7
+    CANCEL = 0x8
+    COMPRESSION_ERROR = 0x9
+    CONNECT_ERROR = 0xA
+    ENHANCE_YOUR_CALM = 0xB
+    INADEQUATE_SECURITY = 0xC
+    HTTP_1_1_REQUIRED = 0xD
+
+
+def frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+    """One frame: the 9-byte header, then `payload`."""
+    size = len(payload)
+    return HEADER.pack(size >> 8, size & 0xFF, ftype, flags, sid) + payload
+
+
+def settings_payload(values: dict[int, int]) -> bytes:
+    return b"".join(SETTING.pack(key, value) for key, value in values.items())
+
+
+# --- received header lists ------------------------------------------------------------
+
+# RFC 9113 8.2.1: visible ASCII, no upper case, no colon (pseudo-headers aside)
+_NAME_OK = bytes(c for c in range(0x21, 0x7F) if not 0x41 <= c <= 0x5A and c != 0x3A)
+_VALUE_OK = bytes(c for c in range(256) if c not in (0x0, 0xA, 0xD))
+_CONNECTION_FIELDS = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
+)
+_REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+_RESPONSE_PSEUDO = frozenset((b":status",))
+_WHITESPACE = (32, 9)
+_LENGTH_DIGITS = 18  # past this a length is absurd (and int() of 4,300 digits raises)
+
+
+def _field(name: bytes, value: bytes) -> str | None:
+    """Why one regular field is malformed, or None."""
+    if not name or name.translate(None, _NAME_OK):
+        return f"field name {name!r} is not lowercase visible ASCII without a colon"
+    if value.translate(None, _VALUE_OK):
+        return f"field {name.decode('latin-1')} holds NUL, CR or LF"
+    if value and (value[0] in _WHITESPACE or value[-1] in _WHITESPACE):
+        return f"field {name.decode('latin-1')} has surrounding whitespace"
+    if name in _CONNECTION_FIELDS:
+        return f"connection-specific field {name.decode('latin-1')}"
+    if name == b"te" and value != b"trailers":
+        return "te other than trailers"
+    return None
+
+
+def _split(
+    headers: list[tuple[bytes, bytes]], allowed: frozenset[bytes]
+) -> tuple[dict[bytes, bytes], str | None]:
+    """The pseudo-headers of `headers`, and why the list is malformed (or None)."""
+    pseudo: dict[bytes, bytes] = {}
+    regular = False
+    for name, value in headers:
+        if name[:1] == b":":
+            if regular:
+                return pseudo, f"pseudo-header {name.decode('latin-1')} after a regular field"
+            if name not in allowed:
+                return pseudo, f"pseudo-header {name.decode('latin-1')} not allowed here"
+            if name in pseudo:
+                return pseudo, f"pseudo-header {name.decode('latin-1')} twice"
+            if value.translate(None, _VALUE_OK):
+                return pseudo, f"pseudo-header {name.decode('latin-1')} holds NUL, CR or LF"
+            pseudo[name] = value
+            continue
+        regular = True
+        reason = _field(name, value)
+        if reason is not None:
+            return pseudo, reason
+    return pseudo, None
+
+
+def check_request(headers: list[tuple[bytes, bytes]]) -> str | None:  # noqa: PLR0911 - one per fault
+    """Why a request header list is malformed, or None (rule 2)."""
+    pseudo, reason = _split(headers, _REQUEST_PSEUDO)
+    if reason is not None:
+        return reason
+    method = pseudo.get(b":method")
+    if not method:
+        return "request without :method"
+    if method == b"CONNECT":
+        if b":scheme" in pseudo or b":path" in pseudo or not pseudo.get(b":authority"):
+            return "CONNECT needs :authority only"
+        return None
+    if not pseudo.get(b":scheme"):
+        return "request without :scheme"
+    if not pseudo.get(b":path"):
+        return "request without :path"
+    authority = pseudo.get(b":authority")
+    if authority is not None:
+        for name, value in headers:
+            if name == b"host" and value != authority:
+                return ":authority and host differ"
+    return None
+
+
+def check_response(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why a response header list is malformed, or None (rule 2)."""
+    pseudo, reason = _split(headers, _RESPONSE_PSEUDO)
+    if reason is not None:
+        return reason
+    status = pseudo.get(b":status")
+    if status is None or len(status) != 3 or not status.isdigit():
+        return "response without a three-digit :status"
+    return None
+
+
+def check_trailers(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """Why a trailer list is malformed, or None (rule 2)."""
+    _, reason = _split(headers, frozenset())
+    return reason
+
+
+def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The declared body length, None when absent; -1 when unparsable or conflicting."""
+    found: int | None = None
+    for name, value in headers:
+        if name == b"content-length":
+            if not value.isdigit() or len(value) > _LENGTH_DIGITS:
+                return -1
+            if found is not None and int(value) != found:
+                return -1
+            found = int(value)
+    return found
