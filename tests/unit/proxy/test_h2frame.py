@@ -254,3 +254,23 @@ def test_content_length_is_the_declared_length_or_minus_one(
 
 def test_content_length_of_a_huge_digit_string_does_not_raise() -> None:
     assert f.content_length([(b"content-length", b"9" * 5000)]) == -1  # int() would raise
+
+
+def test_a_remembered_field_is_still_checked_for_its_place_in_the_list() -> None:
+    assert f.check_request([*GET, (b"x-seen", b"1")]) is None
+    reason = f.check_request([(b"x-seen", b"1"), *GET])
+    assert reason is not None
+    assert "after a regular field" in reason
+    assert f.check_request([*GET, (b":path", b"/again")]) is not None  # twice, though good
+
+
+def test_a_malformed_field_is_never_remembered() -> None:
+    bad = [*GET, (b"x-bad", b"a\r\nb")]
+    assert f.check_request(bad) is not None
+    assert f.check_request(bad) is not None
+
+
+def test_the_memory_of_well_formed_fields_is_bounded() -> None:
+    for i in range(f._GOOD_MAX + 10):
+        assert f.check_trailers([(b"x-n", b"%d" % i)]) is None
+    assert 0 < len(f._GOOD) <= f._GOOD_MAX
