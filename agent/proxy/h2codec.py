@@ -425,9 +425,12 @@ class H2Codec:
     def _headers(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
         if sid == 0:
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "HEADERS on stream 0")
-        block = _unpad(payload) if flags & f.PADDED else payload
+        padded = bool(flags & f.PADDED)
+        block = _unpad(payload) if padded else payload
         if flags & f.PRIORITY_FLAG:
-            if len(block) < 5:
+            if len(block) < 5:  # RFC 9113 6.2
+                if padded and len(payload) >= 6:  # room for them: the padding ate them (6.1)
+                    raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "padding past the frame")
                 raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "HEADERS priority")
             block = block[5:]
         end = bool(flags & f.END_STREAM)

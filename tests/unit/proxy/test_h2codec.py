@@ -1076,6 +1076,12 @@ CONNECTION_ERRORS = [
     ),
     pytest.param(
         ready_server,
+        f.frame(f.HEADERS, f.PADDED | f.PRIORITY_FLAG | f.END_HEADERS, 1, b"\x06" + bytes(9)),
+        ErrorCode.PROTOCOL_ERROR,
+        id="headers-padding-eats-the-priority",
+    ),
+    pytest.param(
+        ready_server,
         f.frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff\xff"),
         ErrorCode.COMPRESSION_ERROR,
         id="hpack-endless-integer",

@@ -1,0 +1,106 @@
+"""agent.proxy.h2hpack against the `hpack` package as the reference, both ways."""
+
+from __future__ import annotations
+
+import random
+
+import hpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.proxy.h2hpack import Decoder, Encoder, HpackError, HpackTooLargeError
+
+NAMES = [b":method", b":path", b"x-a", b"x-b", b"cookie", b"user-agent", b"content-type"]
+
+
+def _lists(seed: int, count: int) -> list[list[tuple[bytes, bytes]]]:
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(count):
+        size = rnd.randint(0, 300 if rnd.random() < 0.1 else 12)
+        fields = [
+            (rnd.choice(NAMES), bytes(rnd.choice(b"abcxyz") for _ in range(size)))
+            for _ in range(rnd.randint(1, 8))
+        ]
+        out.append(fields)
+    return out
+
+
+def test_what_we_encode_the_hpack_package_decodes_through_table_churn_and_resizes() -> None:
+    ours, theirs = Encoder(), hpack.Decoder()
+    for i, fields in enumerate(_lists(1, 2000)):
+        if i % 400 == 0:
+            size = (0, 256, 4096, 1024, 4096)[i // 400]
+            ours.resize(size)
+            theirs.header_table_size = size
+        got = [(bytes(k), bytes(v)) for k, v in theirs.decode(ours.encode(fields), raw=True)]
+        assert got == fields
+
+
+def test_what_the_hpack_package_encodes_we_decode_huffman_and_all() -> None:
+    theirs, ours = hpack.Encoder(), Decoder(max_list=1 << 20)
+    for fields in _lists(2, 2000):
+        assert ours.decode(theirs.encode(fields, huffman=True)) == fields
+
+
+def test_a_repeated_list_is_all_indexed_the_second_time() -> None:
+    enc = Encoder()
+    fields = [(b":method", b"GET"), (b"x-trace", b"abc"), (b"user-agent", b"bench/1")]
+    first = enc.encode(fields)
+    second = enc.encode(fields)
+    assert len(second) == len(fields)  # one byte per field: indexed
+    assert len(first) > len(second)
+    assert all(byte & 0x80 for byte in second)
+
+
+def test_never_indexed_fields_stay_out_of_both_tables_and_keep_their_mark() -> None:
+    enc, dec = Encoder(), Decoder(max_list=1 << 16)
+    secret = hpack.NeverIndexedHeaderTuple(b"authorization", b"Bearer t")
+    for _ in range(2):
+        block = enc.encode([secret])
+        assert block[0] & 0xF0 == 0x10  # literal never indexed, both times
+        (got,) = dec.decode(block)
+        assert got == secret
+        assert isinstance(got, hpack.NeverIndexedHeaderTuple)
+
+
+def test_a_field_larger_than_the_table_is_sent_literal_and_not_indexed() -> None:
+    enc, theirs = Encoder(), hpack.Decoder()
+    big = [(b"x-big", b"v" * 2000)]
+    block = enc.encode(big)
+    assert block[0] & 0xC0 == 0  # literal without indexing
+    assert [(bytes(k), bytes(v)) for k, v in theirs.decode(block, raw=True)] == big
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        pytest.param(b"\x80", id="index-0"),
+        pytest.param(b"\xbf", id="index-63-on-an-empty-table"),
+        pytest.param(b"\xff\xff\xff\xff\xff\xff", id="endless-integer"),
+        pytest.param(b"\x40\x85ab", id="string-past-the-end"),
+        pytest.param(b"\x00\x81\xff\x00", id="bad-huffman"),
+        pytest.param(b"\x3f\xe1\xff\x03", id="table-size-over-ours"),
+        pytest.param(b"\x82\x20", id="table-size-update-after-a-field"),
+    ],
+)
+def test_malformed_blocks_raise_hpack_error(block: bytes) -> None:
+    with pytest.raises(HpackError):
+        Decoder(max_list=1 << 16).decode(block)
+
+
+def test_a_list_past_the_limit_raises_too_large() -> None:
+    block = hpack.Encoder().encode([(b"x-a", b"v" * 100)] * 10)
+    with pytest.raises(HpackTooLargeError):
+        Decoder(max_list=1000).decode(block)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_or_raise_hpack_error(block: bytes) -> None:
+    try:
+        fields = Decoder(max_list=1 << 16).decode(block)
+    except HpackError:
+        return
+    assert all(type(name) is bytes and isinstance(value, bytes) for name, value in fields)
