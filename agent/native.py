@@ -201,7 +201,7 @@ def build(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent.native", description=__doc__)
     sub = parser.add_subparsers(dest="verb", required=True)
-    b = sub.add_parser("build", help="compile the HTTP/1 request path with mypyc (when stale)")
+    b = sub.add_parser("build", help="compile the request path with mypyc (when stale)")
     b.add_argument("--force", action="store_true", help="rebuild even when current")
     sub.add_parser("status", help="active | stale | absent | off, and the build directory")
     args = parser.parse_args(argv)

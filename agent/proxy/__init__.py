@@ -1,6 +1,6 @@
 """meshagent.proxy.
 
-The HTTP/1 request path runs compiled when a current mypyc build exists
+The request path (HTTP/1, HTTP/2) runs compiled when a current mypyc build exists
 (agent.native): `activate` puts it first on this package's path.
 """
 
