@@ -22,6 +22,7 @@ import sys
 import httptools
 
 from agent import aio
+from agent.proxy import h2conn
 from agent.proxy.h2codec import H2Codec
 from agent.proxy.h2events import (
     ConnectionTerminated,
@@ -69,7 +70,10 @@ class _H2:
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.conn = H2Codec(
-            client_side=False, stream_window=1 << 20, conn_window=8 << 20, max_streams=1000
+            client_side=False,
+            stream_window=h2conn.STREAM_WINDOW,
+            conn_window=h2conn.CONN_WINDOW,
+            max_streams=h2conn.MAX_STREAMS,
         )
         self.conn.initiate()
         self.transport.write(self.conn.data_to_send())

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MAX_FRAME = 1 << 14
 CANCEL = ErrorCode.CANCEL
 NO_ERROR = ErrorCode.NO_ERROR
 _GONE = (H2StreamClosedError, H2ConnectionError)
