@@ -31,9 +31,8 @@ from agent.proxy.h2events import (
     H2StreamClosedError,
     RequestReceived,
 )
-from agent.proxy.h2frame import ErrorCode
+from agent.proxy.h2frame import PREFACE, ErrorCode
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 BODY = b"ok"
 HEADERS = [(b":status", b"200"), (b"content-length", b"2")]
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\n" + BODY

@@ -63,7 +63,17 @@ class _StreamError(Exception):
 
 
 class _Stream:
-    __slots__ = ("expect", "got", "head", "local_ended", "owed", "recv", "remote_ended", "send")
+    __slots__ = (
+        "bodiless",
+        "expect",
+        "got",
+        "head",
+        "local_ended",
+        "owed",
+        "recv",
+        "remote_ended",
+        "send",
+    )
 
     def __init__(self, send: int, recv: int) -> None:
         self.send = send  # what we may still send
@@ -73,6 +83,7 @@ class _Stream:
         self.remote_ended = False
         self.head = False  # the peer's (final) headers arrived
         self.expect: int | None = None  # the peer's content-length
+        self.bodiless = False  # client: a HEAD request, its response has no body
         self.got = 0
 
 
@@ -103,7 +114,6 @@ class H2Codec:
         self.max_outbound_frame_size = f.DEFAULT_MAX_FRAME
         self.remote_max_streams = f.MAX_WINDOW
         self.going_away = False  # the peer sent GOAWAY: open no more streams
-        self._heads: set[int] = set()  # client: streams whose request is HEAD
         self._block: bytearray | None = None  # a header block awaiting CONTINUATION
         self._block_sid = 0
         self._block_end = False
@@ -152,9 +162,8 @@ class H2Codec:
         if self.going_away or sid > f.SID_MASK:
             raise H2StreamClosedError(sid)
         self._next_sid += 2
-        self._streams[sid] = _Stream(self._peer_window, self._recv_initial)
-        if (b":method", b"HEAD") in headers:
-            self._heads.add(sid)
+        st = self._streams[sid] = _Stream(self._peer_window, self._recv_initial)
+        st.bodiless = (b":method", b"HEAD") in headers
         self.send_headers(sid, headers, end=end)
         return sid
 
@@ -231,7 +240,6 @@ class H2Codec:
         self._alive()
         if self._streams.pop(sid, None) is None:
             raise H2StreamClosedError(sid)
-        self._heads.discard(sid)
         self._out += f.frame(f.RST_STREAM, 0, sid, code.to_bytes(4, "big"))
 
     def acknowledge(self, sid: int, size: int) -> None:
@@ -266,11 +274,7 @@ class H2Codec:
     def _local_end(self, sid: int, st: _Stream) -> None:
         st.local_ended = True
         if st.remote_ended:
-            self._forget(sid)
-
-    def _forget(self, sid: int) -> None:
-        self._streams.pop(sid, None)
-        self._heads.discard(sid)
+            self._streams.pop(sid, None)
 
     def _goaway(self, code: ErrorCode) -> None:
         payload = self._last_peer_sid.to_bytes(4, "big") + int(code).to_bytes(4, "big")
@@ -368,7 +372,6 @@ class H2Codec:
     def _stream_error(self, err: _StreamError, events: list[Event]) -> None:
         self._out += f.frame(f.RST_STREAM, 0, err.sid, int(err.code).to_bytes(4, "big"))
         if self._streams.pop(err.sid, None) is not None:
-            self._heads.discard(err.sid)
             events.append(StreamReset(err.sid, err.code))
 
     def _idle(self, sid: int) -> bool:
@@ -402,7 +405,7 @@ class H2Codec:
         if end:
             st.remote_ended = True
             if st.local_ended:
-                self._forget(sid)
+                self._streams.pop(sid, None)
 
     @staticmethod
     def _accept_data(sid: int, st: _Stream, payload: bytes, *, padded: bool, end: bool) -> bytes:
@@ -505,7 +508,7 @@ class H2Codec:
         if end:
             st.remote_ended = True
             if st.local_ended:
-                self._forget(sid)
+                self._streams.pop(sid, None)
 
     def _response(self, sid: int, st: _Stream, headers: Headers, *, end: bool) -> bool:
         """Client side: check a response head; whether it is the final one."""
@@ -518,7 +521,7 @@ class H2Codec:
                 raise _StreamError(sid, ErrorCode.PROTOCOL_ERROR, f"{status!r} response")
             return False
         st.head = True
-        if sid in self._heads or status in _NO_BODY_STATUS:
+        if st.bodiless or status in _NO_BODY_STATUS:
             st.expect = 0  # no body, whatever content-length says (RFC 9110 6.4.1)
         else:
             st.expect = f.content_length(headers)
@@ -558,7 +561,6 @@ class H2Codec:
         if len(payload) != 4:
             raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, "RST_STREAM size")
         if self._streams.pop(sid, None) is not None:
-            self._heads.discard(sid)
             events.append(StreamReset(sid, int.from_bytes(payload, "big")))
         elif self._idle(sid):
             raise H2ConnectionError(ErrorCode.PROTOCOL_ERROR, "RST_STREAM on idle stream")
