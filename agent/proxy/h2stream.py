@@ -236,7 +236,13 @@ class H2Stream:
         self.conn.forget(self)
 
     def discard(self) -> None:
-        """Hand back the window of DATA nobody will read (the stream is over)."""
+        """Hand back the window of DATA nobody will read (the stream is over).
+
+        Also drops `on_reset` and the waiter: a linked pair's callbacks refer to each
+        other's stream, a cycle only the collector would free otherwise.
+        """
+        self.on_reset = None
+        self._waiter = None
         for item in self.items:
             if isinstance(item, Data):
                 self.conn.ack(self.sid, item.flow)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -25,7 +26,7 @@ import h2.settings
 from hpack import NeverIndexedHeaderTuple
 
 from agent import aio
-from agent.proxy import h2conn, h2msg, h2pool, http2
+from agent.proxy import h2conn, h2msg, h2pool, h2stream, http2
 
 MiB = 1 << 20
 
@@ -538,3 +539,36 @@ def test_closing_the_client_connection_resets_the_upstream_streams():
                     await r.done
 
     aio.run(main())
+
+
+def test_finished_streams_leave_no_cycle_for_the_collector():
+    # A proxied stream pair links the streams' reset callbacks to each other; once the
+    # stream's task is over, reference counting alone must free both streams.
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            try:
+                rs = [client.request(b"/big/10"), client.request(b"/echo", b"body")]
+                rs += [client.request(b"/reset"), client.request(b"/grpc")]
+                await _wait(*rs)
+                await asyncio.sleep(0.05)  # the streams' tasks end after the client saw the ends
+                assert _cycles_of(h2stream.H2Stream) == 0
+            finally:
+                client.close()
+
+    gc.disable()
+    try:
+        aio.run(main())
+    finally:
+        gc.enable()
+
+
+def _cycles_of(kind: type) -> int:
+    """How many objects of `kind` only the collector could free (kept, then dropped)."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        return sum(isinstance(o, kind) for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
