@@ -41,6 +41,9 @@ class H2Conn(asyncio.Protocol):
     """One h2 connection (either side); see the module rules."""
 
     def __init__(self, *, client_side: bool) -> None:
+        # Made in the running loop; kept, as asyncio.get_running_loop() is a getpid()
+        # system call each time (rule 8 of agent.proxy.http2).
+        self.loop = asyncio.get_running_loop()
         self.h2 = H2Codec(
             client_side=client_side,
             stream_window=STREAM_WINDOW,
@@ -179,7 +182,7 @@ class H2Conn(asyncio.Protocol):
         the frames of every stream that sent something meanwhile."""
         if not self._flush_soon:
             self._flush_soon = True
-            asyncio.get_running_loop().call_soon(self.flush_now)
+            self.loop.call_soon(self.flush_now)
 
     def queued(self, size: int) -> None:
         """`size` DATA bytes went to the codec: write soon, or now past `FLUSH_BYTES` so that
@@ -222,8 +225,7 @@ class H2Conn(asyncio.Protocol):
         if self.going_away:
             self.close()
         elif self.client_side and self._idle is None:
-            loop = asyncio.get_running_loop()
-            self._idle = loop.call_later(IDLE_TIMEOUT_S, self._idle_close)
+            self._idle = self.loop.call_later(IDLE_TIMEOUT_S, self._idle_close)
 
     def _idle_close(self) -> None:
         self._idle = None
@@ -241,14 +243,14 @@ class H2Conn(asyncio.Protocol):
         """Until a WINDOW_UPDATE, a settings change, or the connection ends."""
         if self.closed:
             return
-        fut = asyncio.get_running_loop().create_future()
+        fut = self.loop.create_future()
         self._waiters.append(fut)
         await fut
 
     async def drained(self) -> None:
         """Until the transport's write buffer is below low water (or it is gone)."""
         while self._write_paused and not self.closed:
-            fut = asyncio.get_running_loop().create_future()
+            fut = self.loop.create_future()
             self._waiters.append(fut)
             await fut
 
@@ -257,7 +259,7 @@ class H2Conn(asyncio.Protocol):
         while not self.incoming:
             if self.closed:
                 return None
-            fut = asyncio.get_running_loop().create_future()
+            fut = self.loop.create_future()
             self._waiters.append(fut)
             await fut
         return self.incoming.popleft()

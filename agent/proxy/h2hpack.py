@@ -96,11 +96,14 @@ def _read_str(block: bytes, pos: int) -> tuple[bytes, int]:
     return raw, end
 
 
+_BYTES = [bytes((i,)) for i in range(256)]
+
+
 def _int(value: int, bits: int, flags: int) -> bytes:
     """`value` with a `bits`-bit prefix, the first byte or-ed with `flags`."""
     mask = (1 << bits) - 1
     if value < mask:
-        return bytes((flags | value,))
+        return _BYTES[flags | value]
     out = bytearray((flags | mask,))
     value -= mask
     while value >= 0x80:
@@ -273,7 +276,10 @@ class Encoder:
                 key = (name, value)
                 index = _STATIC_EXACT.get(key) or self._dynamic(self._exact.get(key))
                 if index:
-                    out += _int(index, 7, 0x80)
+                    if index < 0x7F:  # the common case: one byte
+                        out.append(0x80 | index)
+                    else:
+                        out += _int(index, 7, 0x80)
                     continue
             name_index = _STATIC_NAME.get(name) or self._dynamic(self._names.get(name))
             cost = len(name) + len(value) + ENTRY_OVERHEAD

@@ -30,7 +30,7 @@ from typing import Any, cast
 
 from hpack import NeverIndexedHeaderTuple
 
-from agent.proxy import h1msg, http1
+from agent.proxy import h1msg
 
 H2Headers = list[tuple[bytes, bytes]]
 
@@ -144,22 +144,31 @@ def answer_outcome(answer: Answer) -> tuple[int, bool]:
     return answer.status, answer.status >= 500
 
 
-def request_head(headers: H2Headers) -> http1.RequestHead:
-    """An HTTP/1-shaped head of an h2 request, for the recorder's `REQUEST` context."""
-    method = header(headers, b":method") or b""
-    path = header(headers, b":path") or b"/"
-    plain = [(k, v) for k, v in headers if not k.startswith(b":")]
-    authority = header(headers, b":authority")
-    if authority is not None and header(plain, b"host") is None:
-        plain.append((b"host", authority))
-    return http1.RequestHead(
-        method=method,
-        target=path,
-        version=b"2",
-        headers=plain,
-        keep_alive=True,
-        framing=http1.Framing.NONE,
-    )
+class RequestHead:
+    """An HTTP/1-shaped head of an h2 request, for the recorder's `REQUEST` context: the
+    fields tap reads (`method`, `target`, `headers` with `host`), made only when read,
+    so a stream nobody taps pays for one small object."""
+
+    __slots__ = ("_h2",)
+
+    def __init__(self, headers: H2Headers) -> None:
+        self._h2 = headers
+
+    @property
+    def method(self) -> bytes:
+        return header(self._h2, b":method") or b""
+
+    @property
+    def target(self) -> bytes:
+        return header(self._h2, b":path") or b"/"
+
+    @property
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        plain = [(k, v) for k, v in self._h2 if not k.startswith(b":")]
+        authority = header(self._h2, b":authority")
+        if authority is not None and header(plain, b"host") is None:
+            plain.append((b"host", authority))
+        return plain
 
 
 def _text(message: str) -> bytes:

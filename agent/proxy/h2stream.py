@@ -8,7 +8,6 @@ the stream is reset or its connection is gone); the stream's task takes it with
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections import deque
@@ -21,6 +20,7 @@ from agent.proxy.h2frame import ErrorCode
 from agent.proxy.h2msg import H2Headers  # noqa: TC001 - a field type: compiled, a dataclass resolves it
 
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Callable
 
     from agent.proxy.h2conn import H2Conn
@@ -135,7 +135,7 @@ class H2Stream:
             StreamGoneError: the stream was reset or its connection lost.
         """
         while not self.items:
-            self._waiter = asyncio.get_running_loop().create_future()
+            self._waiter = self.conn.loop.create_future()
             await self._waiter
         item = self.items.popleft()
         if isinstance(item, Reset):
@@ -234,6 +234,11 @@ class H2Stream:
         self._wake()
         self.conn.wake()
         self.conn.forget(self)
+
+    def cancel(self, _code: int = CANCEL) -> None:
+        """Reset the stream with CANCEL, whatever `_code` (an `on_reset` callback that
+        cancels this stream when its linked stream is reset)."""
+        self.reset(CANCEL)
 
     def discard(self) -> None:
         """Hand back the window of DATA nobody will read (the stream is over).

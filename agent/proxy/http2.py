@@ -35,14 +35,17 @@ Rules:
 7. Metrics as HTTP/1 requests: `recorder().request` when a stream is sent
    upstream, `recorder().response` when its response ends (or the proxy
    answered); `record.REQUEST` holds an HTTP/1-shaped head of the stream's
-   request in the stream's task.
+   request in the stream's task (`h2msg.RequestHead`, built only when read).
 8. Cost per stream stays low: the codec (h2codec, h2hpack) is ours and compiled
    with the rest of the path (agent.native), with no per-frame objects; frames of
    every stream go out in one write per connection per loop iteration (`flush`
    schedules it; `queued` writes at once past `FLUSH_BYTES` of DATA so `drained`
    sees the transport's buffer); what is sent is not checked again (h2msg rule 4:
    what is forwarded was checked when received); a bodiless request gets no
-   request-body task; a plain end queued behind DATA goes in that DATA's last frame.
+   request-body task; a plain end queued behind DATA goes in that DATA's last frame;
+   a stream's task has one done callback (the connection's set keeps it referenced);
+   a finished stream holds no reference cycle (`H2Stream.discard`), so reference
+   counting frees it, not the collector.
 
 The pieces: agent.proxy.h2stream (a stream and what its queue holds),
 agent.proxy.h2conn (a connection), agent.proxy.h2pool (upstream connections),
@@ -137,6 +140,13 @@ async def serve(
     elif not conn.closed:
         transport.resume_reading()
     tasks: set[asyncio.Task[None]] = set()
+    loop = conn.loop
+
+    def done(task: asyncio.Task[None]) -> None:  # one callback per stream (rule 8)
+        tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("h2 stream failed", exc_info=task.exception())
+
     count = 0
     try:
         while True:
@@ -144,9 +154,9 @@ async def serve(
             if stream is None:
                 break
             count += 1
-            task = aio.spawn(proxy_stream(stream, router, pool), name=f"h2-stream-{stream.sid}")
+            task = loop.create_task(proxy_stream(stream, router, pool), name="h2-stream")
             tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            task.add_done_callback(done)
         if tasks:
             await asyncio.wait(list(tasks))
     finally:
@@ -158,9 +168,9 @@ async def serve(
 
 async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> None:  # noqa: C901 - one stream's life, in order
     """Serve one request stream end to end (rules 1-5, 7)."""
-    loop = asyncio.get_running_loop()
+    loop = down.conn.loop
     t0 = loop.time()
-    REQUEST.set(h2msg.request_head(down.request))
+    REQUEST.set(h2msg.RequestHead(down.request))
     grpc = h2msg.is_grpc(down.request)
     up: H2Stream | None = None
     routed: Routed | None = None
@@ -224,7 +234,7 @@ def _close(stream: H2Stream) -> None:
 
 def _link(down: H2Stream, up: H2Stream) -> asyncio.Task[int | None] | None:
     """Resets travel both ways (rule 3); the task forwarding the request body, if any."""
-    down.on_reset = lambda _code: up.reset(CANCEL)
+    down.on_reset = up.cancel
     up.on_reset = down.reset
     if up.local_ended:  # the request had no body: no task for it
         return None
@@ -251,7 +261,7 @@ async def _respond(  # noqa: PLR0913, PLR0917 - the facts of one response
     grpc_status = h2msg.grpc_status(head.headers) if head.end else None
     if not head.end:
         grpc_status = await _pump(up, down, propagate=True)
-    now = asyncio.get_running_loop().time()
+    now = down.conn.loop.time()
     failure = classify(routed.route, status, grpc_status)
     if routed.handle is not None:
         routed.handle.done(now, ok=not failure)
@@ -351,7 +361,7 @@ async def _fail(  # noqa: PLR0913, PLR0917 - the facts of one failed stream
         up.on_reset = None
         up.reset(CANCEL)
     if routed.handle is not None:
-        routed.handle.done(asyncio.get_running_loop().time(), ok=False)
+        routed.handle.done(down.conn.loop.time(), ok=False)
     answer = h2msg.answer_for(why[0], why[1], grpc=grpc)
     await _answer(down, answer, direction, routed.labels, t0)
 
@@ -366,7 +376,7 @@ async def _answer(
         direction,
         labels,
         status=status,
-        latency_s=asyncio.get_running_loop().time() - t0,
+        latency_s=down.conn.loop.time() - t0,
         failure=failure,
     )
     if not down.remote_ended:

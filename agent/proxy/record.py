@@ -12,8 +12,9 @@ Rules:
 3. `direction` is "outbound" or "inbound"; durations are seconds.
 4. Context, not arguments: the worker sets `CONN` (the accepted connection)
    in each connection's task, and the HTTP proxy sets `REQUEST` (the request
-   head being served), so a recorder can name the pod and, for tap, the
-   method and path, without the data path passing them around.
+   head being served: `method`, `target` and `headers`, an `http1.RequestHead`
+   or, per h2 stream, an `h2msg.RequestHead`), so a recorder can name the pod
+   and, for tap, the method and path, without the data path passing them around.
    `agent.admin.observe` is the real recorder.
 5. Bound handles for the hot path: `bind_http(direction, labels)` and
    `bind_authz(labels, ...)` resolve a label set once, in the connection's
@@ -32,7 +33,7 @@ from typing import Any, Protocol
 Labels = dict[str, str]
 
 CONN: ContextVar[Any] = ContextVar("meshagent_conn", default=None)  # agent.proxy.worker.Conn
-REQUEST: ContextVar[Any] = ContextVar("meshagent_request", default=None)  # http1.RequestHead
+REQUEST: ContextVar[Any] = ContextVar("meshagent_request", default=None)  # see rule 4
 
 
 class Recorder(Protocol):

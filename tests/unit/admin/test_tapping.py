@@ -9,7 +9,7 @@ import pytest
 
 from agent.admin.tapping import TAP_RING, Tapping
 from agent.proxy import channel as ch
-from agent.proxy import record
+from agent.proxy import h2msg, record
 from agent.proxy.listener import ListenerKind
 from agent.proxy.state import POD, POD_IP, PodInfo
 from agent.proxy.worker import Conn, ListenerInfo, Worker
@@ -72,6 +72,23 @@ def test_the_request_head_gives_method_path_without_query_and_host(
         record.REQUEST.reset(token)
     (event,) = tapping.tap_ring
     assert (event["method"], event["path"], event["authority"]) == ("GET", "/a/b", "web:80")
+
+
+def test_an_h2_streams_head_gives_method_path_and_authority_as_host(
+    tapping: Tapping, conn: Conn
+) -> None:
+    headers = [(b":method", b"POST"), (b":path", b"/t.T/Echo?x=1"), (b":authority", b"svc:50051")]
+    token = record.REQUEST.set(h2msg.RequestHead(headers))
+    try:
+        _tap(tapping, frozenset({"*"}), conn, INBOUND, status=200, latency_ms=0.5)
+    finally:
+        record.REQUEST.reset(token)
+    (event,) = tapping.tap_ring
+    assert (event["method"], event["path"], event["authority"]) == (
+        "POST",
+        "/t.T/Echo",
+        "svc:50051",
+    )
 
 
 def test_a_full_ring_drops_the_oldest_events_and_counts_them(tapping: Tapping, conn: Conn) -> None:

@@ -61,7 +61,7 @@ def test_unparsable_statuses_read_as_unknown():
 
 
 def test_request_head_for_the_recorder_names_method_path_and_host():
-    head = h2msg.request_head(GRPC_REQ)
+    head = h2msg.RequestHead(GRPC_REQ)
     assert (head.method, head.target) == (b"POST", b"/t.T/Echo?x=1")
     assert (b"host", b"svc:50051") in head.headers
     assert all(not k.startswith(b":") for k, _ in head.headers)
