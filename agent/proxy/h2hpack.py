@@ -20,6 +20,11 @@ Rules:
    HPACK: a few bytes more, no per-byte Python work).
 4. `Encoder.resize(n)` follows the peer's SETTINGS_HEADER_TABLE_SIZE (at most
    4096 used): the change goes out at the start of the next block.
+5. The encoder remembers the blocks of lists whose encoding inserted nothing
+   (up to `MEMO` of them): while the dynamic table is unchanged (same insert
+   count, no resize), the same list encodes to the same block, so a repeated
+   list costs one dict lookup. A list holding a never-indexed field is not
+   remembered (it compares equal to its plain twin).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ _STATIC_NAME: dict[bytes, int] = {}
 for _i, (_n, _v) in enumerate(_STATIC, start=1):
     _STATIC_EXACT.setdefault((_n, _v), _i)
     _STATIC_NAME.setdefault(_n, _i)
+MEMO = 64  # blocks the encoder remembers (rule 5)
 _MAX_INT_SHIFT = 28  # no index or length we accept needs more than 4 continuation bytes
 
 
@@ -233,12 +239,15 @@ class Encoder:
         self._exact: dict[Field, int] = {}  # field -> insert number
         self._names: dict[bytes, int] = {}  # name -> insert number of its newest entry
         self._resized: int | None = None
+        self._memo: dict[tuple[Any, ...], bytes] = {}  # list -> block (rule 5)
+        self._memo_at = 0  # the table's insert count the memo holds for
 
     def resize(self, size: int) -> None:
         """The peer's SETTINGS_HEADER_TABLE_SIZE (rule 4)."""
         size = min(size, DEFAULT_TABLE)
         if size == self._table.max:
             return
+        self._memo.clear()
         self._table.max = size
         self._forget(self._table.shrink(size))
         self._resized = size
@@ -261,7 +270,25 @@ class Encoder:
         return _FIRST_DYNAMIC - 1 + back if back <= len(table.entries) else 0
 
     def encode(self, headers: list[Field]) -> bytes:
-        """The header block of `headers` (rule 3)."""
+        """The header block of `headers` (rules 3, 5)."""
+        fields = cast("list[Any]", headers)
+        if self._resized is not None or not all(type(x) is tuple for x in fields):
+            return self._encode(headers)
+        inserts = self._table.inserts
+        if self._memo_at != inserts:
+            self._memo.clear()
+            self._memo_at = inserts
+        key = tuple(fields)
+        block = self._memo.get(key)
+        if block is None:
+            block = self._encode(headers)
+            if self._table.inserts == inserts:
+                if len(self._memo) >= MEMO:
+                    self._memo.clear()
+                self._memo[key] = block
+        return block
+
+    def _encode(self, headers: list[Field]) -> bytes:
         out = bytearray()
         if self._resized is not None:
             out += _int(self._resized, 5, 0x20)

@@ -65,6 +65,40 @@ def test_never_indexed_fields_stay_out_of_both_tables_and_keep_their_mark() -> N
         assert isinstance(got, hpack.NeverIndexedHeaderTuple)
 
 
+def test_remembered_blocks_stay_right_through_repeats_inserts_resizes_and_marks() -> None:
+    # Few distinct lists, each sent many times (what the encoder remembers, rule 5),
+    # between new fields (inserts), resizes and never-indexed twins of the same lists.
+    rnd = random.Random(7)
+    pool = _lists(3, 12)
+    ours, theirs = Encoder(), hpack.Decoder()
+    for i in range(3000):
+        if i % 500 == 250:
+            size = rnd.choice((0, 128, 1024, 4096))
+            ours.resize(size)
+            theirs.header_table_size = size
+        fields = list(rnd.choice(pool))
+        if rnd.random() < 0.1:
+            fields.append((b"x-new", b"%d" % i))  # inserted: the table changes
+        never = rnd.random() < 0.1
+        sent = [hpack.NeverIndexedHeaderTuple(*fields[0]), *fields[1:]] if never else fields
+        block = ours.encode(sent)
+        got = theirs.decode(block, raw=True)
+        assert [(bytes(k), bytes(v)) for k, v in got] == fields
+        assert isinstance(got[0], hpack.NeverIndexedHeaderTuple) == never
+
+
+def test_a_repeated_list_is_one_remembered_block_until_the_table_changes() -> None:
+    enc = Encoder()
+    fields = [(b":method", b"GET"), (b"x-trace", b"abc")]
+    enc.encode(fields)  # inserts x-trace
+    second = enc.encode(fields)
+    assert enc.encode(fields) is second  # remembered
+    enc.encode([(b"x-other", b"1")])  # an insert: indexes move
+    third = enc.encode(fields)
+    assert third is not second
+    assert third != second  # x-trace is one entry further back now
+
+
 def test_a_field_larger_than_the_table_is_sent_literal_and_not_indexed() -> None:
     enc, theirs = Encoder(), hpack.Decoder()
     big = [(b"x-big", b"v" * 2000)]
