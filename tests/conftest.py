@@ -8,6 +8,7 @@ root, so a skip there would hide a broken test.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import secrets
 from typing import TYPE_CHECKING
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from agent.netlab import Lab
 
@@ -61,3 +62,28 @@ def module_lab() -> Iterator[Lab]:
     """A fresh lab shared by one module's tests (for worlds built once per module)."""
     with _fresh_lab("m") as lb:
         yield lb
+
+
+# --- reference cycles (agent.proxy.worker rule 7) --------------------------------
+
+
+@pytest.fixture
+def cycles() -> Iterator[Callable[[tuple[type, ...]], int]]:
+    """The collector off for the test; yields `count(kinds)`: how many objects of those
+    types are garbage only the collector could free (kept, counted, then dropped)."""
+    gc.collect()
+    gc.disable()
+
+    def count(kinds: tuple[type, ...]) -> int:
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            return sum(isinstance(o, kinds) for o in gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+
+    try:
+        yield count
+    finally:
+        gc.enable()

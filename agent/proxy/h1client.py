@@ -51,6 +51,26 @@ class Owner(Protocol):
         ...
 
 
+class _Detached:
+    """The owner of a client side whose connection is over: hears nothing (so the two
+    do not stay in a reference cycle, agent.proxy.worker rule 7)."""
+
+    def arrived(self) -> None:
+        pass
+
+    def take(self, head: http1.RequestHead) -> bool:  # noqa: ARG002 - Owner API
+        return True  # too late to serve: dropped
+
+    def client_lost(self) -> None:
+        pass
+
+    def client_write_paused(self, *, paused: bool) -> None:
+        pass
+
+
+DETACHED = _Detached()
+
+
 class ClientSide(asyncio.Protocol):
     """The client connection's protocol: parse requests, queue events for the connection."""
 
@@ -106,6 +126,10 @@ class ClientSide(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.conn.client_write_paused(paused=False)
+
+    def detach(self) -> None:
+        """The connection is over: report nothing more to it."""
+        self.conn = DETACHED
 
     def wake(self) -> None:
         """Wake the coroutine waiting in `next_event`, if any."""

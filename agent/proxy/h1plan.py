@@ -69,6 +69,11 @@ class Router(Protocol):
         """The plan for `head`, or a proxy answer (waits for state it needs)."""
         ...
 
+    def close(self) -> None:
+        """The connection is over: drop what would keep the router in a reference cycle
+        (a memo whose plan calls back into the router), agent.proxy.worker rule 7."""
+        ...
+
 
 def reject(status: int, message: str, *, close: bool = False, grpc: int | None = None) -> Reject:
     """A proxy answer: `l5d-proxy-error` response, or a gRPC trailers-only error."""

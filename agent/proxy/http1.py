@@ -34,7 +34,7 @@ Rules:
 6. A message that does not keep the connection alive is the last one; later
    input is ignored.
 
-Transitions (state -> handler) are the table `_Parser._handlers`; input in a
+Transitions (state -> handler) are the table `_Parser._step`; input in a
 terminal state (CLOSED, SWITCHED, ERROR) is ignored.
 """
 
@@ -44,10 +44,6 @@ import enum
 import re
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 Headers = list[tuple[bytes, bytes]]
 Input = bytes | bytearray | memoryview  # what `feed` takes (copied to bytes unless bytes)
@@ -209,16 +205,6 @@ class _Parser:
         self._remaining = 0  # body or chunk bytes still to come
         self._raw_from = -1  # start of raw chunked bytes not yet emitted (-1: none)
         self._keep_alive = True
-        self._handlers: dict[_S, Callable[[bytes, int, list[Event]], int]] = {
-            _S.HEAD: self._on_head,
-            _S.BODY: self._on_body,
-            _S.CHUNK_SIZE: self._on_chunk_size,
-            _S.CHUNK_DATA: self._on_chunk_data,
-            _S.CHUNK_CRLF: self._on_chunk_crlf,
-            _S.TRAILERS: self._on_trailers,
-            _S.UNTIL_CLOSE: self._on_until_close,
-            _S.PAUSED: self._on_paused,
-        }
 
     @property
     def state(self) -> str:
@@ -245,7 +231,7 @@ class _Parser:
         while pos < end and self._state not in _TERMINAL:
             if raw and self._raw_from < 0 and self._state in _CHUNKED_STATES:
                 self._raw_from = pos
-            pos = self._handlers[self._state](data, pos, events)
+            pos = self._step(data, pos, events)
         self._flush_raw(data, end, events)
         return events
 
@@ -333,7 +319,27 @@ class _Parser:
         events.append(MessageEnd(trailers))
         self._state = _S.HEAD if self._keep_alive else _S.CLOSED
 
-    # --- handlers: the transition table is self._handlers --------------------
+    # --- handlers: the transition table is _step --------------------------------
+
+    def _step(self, data: bytes, pos: int, events: list[Event]) -> int:  # noqa: PLR0911 - the table
+        """The current state's handler (a branch per state, not a dict of bound methods:
+        those would tie every parser into a reference cycle only the collector frees)."""
+        state = self._state
+        if state is _S.HEAD:
+            return self._on_head(data, pos, events)
+        if state is _S.BODY:
+            return self._on_body(data, pos, events)
+        if state is _S.CHUNK_SIZE:
+            return self._on_chunk_size(data, pos, events)
+        if state is _S.CHUNK_DATA:
+            return self._on_chunk_data(data, pos, events)
+        if state is _S.CHUNK_CRLF:
+            return self._on_chunk_crlf(data, pos, events)
+        if state is _S.TRAILERS:
+            return self._on_trailers(data, pos, events)
+        if state is _S.UNTIL_CLOSE:
+            return self._on_until_close(data, pos, events)
+        return self._on_paused(data, pos, events)
 
     def _on_head(self, data: bytes, pos: int, events: list[Event]) -> int:  # pragma: no cover
         raise NotImplementedError

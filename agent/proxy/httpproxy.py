@@ -180,6 +180,8 @@ class HttpConn:
                 self.current = None
             if not self.transport.is_closing():
                 self.transport.close()
+            self.down.detach()  # no reference cycles left (agent.proxy.worker rule 7)
+            self.router.close()
 
     async def _next(self) -> Handoff | None:
         """The next request for the coroutine, sleeping while the callbacks serve; None: done."""

@@ -53,7 +53,7 @@ from agent.proxy.upstream import UpstreamError, start_relay, transport_opener
 
 if TYPE_CHECKING:
     import asyncio
-    from collections.abc import Hashable
+    from collections.abc import Callable, Hashable
 
     from agent.proxy.worker import Conn, Worker
 
@@ -321,7 +321,8 @@ class InboundRouter:
         self.target = app_target(worker, pod, port, identity)
         self.target.labels = self.labels
         self.authz_cache = AuthzCache()
-        self._plan = httpproxy.Plan(choose=self._choose, labels=self.labels)  # never mutated
+        # Never mutated; its choice does not call back into the router (no reference cycle).
+        self._plan = httpproxy.Plan(choose=_always(self.target), labels=self.labels)
 
     async def plan(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject:
         return self.plan_now(head)
@@ -342,8 +343,13 @@ class InboundRouter:
         )
         return self._plan if decision.allowed else deny_answer(decision, head.headers)
 
-    def _choose(self, attempt: int) -> httpproxy.Target:  # noqa: ARG002 - Plan API
-        return self.target
+    def close(self) -> None:
+        """Nothing to drop: the plan holds no reference back to the router."""
+
+
+def _always(target: httpproxy.Target) -> Callable[[int], httpproxy.Target]:
+    """A plan's `choose` that picks `target` for every attempt."""
+    return lambda _attempt: target
 
 
 async def relay_to_app(  # noqa: PLR0913 - the facts of one connection

@@ -164,6 +164,11 @@ class OutboundRouter:
 
     # --- HTTP/1: agent.proxy.httpproxy's Router ---
 
+    def close(self) -> None:
+        # The memo's plan calls back into this router: a cycle once the connection ends.
+        self._memo = None
+        self._lane = None
+
     def plan_now(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject | None:
         gen = self.worker.state.generation
         memo = self._memo

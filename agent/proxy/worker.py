@@ -27,6 +27,10 @@ Rules:
    in its environment the worker runs under cProfile and writes its stats
    there as `worker-<id>-<pid>.prof` when it exits; cProfile is imported
    only then.
+7. A finished connection leaves no reference cycle: what it held (handlers,
+   routers, parsers, recorder handles) is freed by reference counting when it
+   ends, not by a later run of the garbage collector, whose time would grow
+   with the connection rate.
 """
 
 from __future__ import annotations
@@ -524,6 +528,11 @@ class Worker:
             self.conns.discard(conn)
             lst.conns.discard(conn)
             record.recorder().conn_end(conn, error)
+            # No cycles left for the collector: this task's context holds `conn`, and
+            # the accepting protocol holds it too (rule 7).
+            conn.task = None
+            if isinstance(conn.held, _Accept):
+                conn.held.conn = None
 
     # --- towards the supervisor --------------------------------------------------
 

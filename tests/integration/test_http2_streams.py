@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -541,7 +540,7 @@ def test_closing_the_client_connection_resets_the_upstream_streams():
     aio.run(main())
 
 
-def test_finished_streams_leave_no_cycle_for_the_collector():
+def test_finished_streams_leave_no_cycle_for_the_collector(cycles) -> None:
     # A proxied stream pair links the streams' reset callbacks to each other; once the
     # stream's task is over, reference counting alone must free both streams.
     async def main() -> None:
@@ -552,23 +551,8 @@ def test_finished_streams_leave_no_cycle_for_the_collector():
                 rs += [client.request(b"/reset"), client.request(b"/grpc")]
                 await _wait(*rs)
                 await asyncio.sleep(0.05)  # the streams' tasks end after the client saw the ends
-                assert _cycles_of(h2stream.H2Stream) == 0
+                assert cycles((h2stream.H2Stream,)) == 0
             finally:
                 client.close()
 
-    gc.disable()
-    try:
-        aio.run(main())
-    finally:
-        gc.enable()
-
-
-def _cycles_of(kind: type) -> int:
-    """How many objects of `kind` only the collector could free (kept, then dropped)."""
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-        return sum(isinstance(o, kind) for o in gc.garbage)
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
+    aio.run(main())

@@ -22,7 +22,8 @@ import pytest
 import uvloop
 
 from agent.proxy import httpproxy, record
-from agent.proxy.http1 import RequestHead, ResponseParser
+from agent.proxy.h1client import ClientSide
+from agent.proxy.http1 import RequestHead, RequestParser, ResponseParser
 from agent.proxy.upstream import ConnPool
 
 HOST = "127.0.0.1"
@@ -111,6 +112,7 @@ class _Router:
         self.labels = {"direction": "outbound", "authority": "web"}
         self.target = httpproxy.Target(key=("up", port), open=opener, labels=self.labels)
         self.plan_ = httpproxy.Plan(choose=lambda _attempt: self.target, labels=self.labels)
+        self.closed = False
 
     def plan_now(self, head: RequestHead) -> httpproxy.Plan | httpproxy.Reject:
         if head.target == b"/deny":
@@ -119,6 +121,9 @@ class _Router:
 
     async def plan(self, head: RequestHead) -> httpproxy.Plan | httpproxy.Reject:
         return self.plan_now(head)
+
+    def close(self) -> None:
+        self.closed = True
 
 
 @dataclass
@@ -394,6 +399,27 @@ def test_client_leaving_mid_exchange_aborts_its_upstream_and_ends_cleanly(run: R
                 await asyncio.sleep(0.01)
             assert up.closed == 1  # the upstream connection was dropped, not pooled
             assert proxy.pool.idle_count() == 0
+
+    run(body)
+
+
+def test_a_finished_connection_leaves_no_cycle_for_the_collector(run: Run, cycles) -> None:
+    # Worker rule 7: the client side, its parser and the connection are freed by reference
+    # counting when the connection ends, and the router heard `close`.
+    async def body() -> None:
+        async with _world(_ok) as (_, proxy):
+            reader, writer = await asyncio.open_connection(HOST, proxy.port)
+            for path in (b"/a", b"/b", b"/a"):
+                assert (await _get(reader, writer, path))[0] == 200
+            writer.write(b"POST /p HTTP/1.1\r\nHost: web\r\nContent-Length: 2\r\n\r\nhi")
+            assert (await _read_responses(reader, 1))[0][0] == 200
+            writer.close()
+            await asyncio.wait_for(proxy.tasks[0], 5)
+            router = proxy.conns[0].router
+            proxy.conns.clear()
+            proxy.tasks.clear()
+            assert cycles((httpproxy.HttpConn, ClientSide, RequestParser, ResponseParser)) == 0
+            assert router.closed
 
     run(body)
 
