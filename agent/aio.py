@@ -1,8 +1,9 @@
 """asyncio helpers: the one place tasks are started and the loop is chosen.
 
-Rules: start tasks only through `spawn`, which keeps a strong reference until
-the task ends (asyncio keeps only weak ones); pick uvloop through `new_loop`,
-falling back to the standard loop where it is missing.
+Rules: start tasks only through `spawn` (or a `TaskSet`'s, for tasks an owner
+waits on or cancels together), which keeps a strong reference until the task
+ends (asyncio keeps only weak ones) and logs a failure; pick uvloop through
+`new_loop`, falling back to the standard loop where it is missing.
 """
 
 from __future__ import annotations
@@ -31,11 +32,36 @@ def spawn(coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
 
 def _done(task: asyncio.Task[Any]) -> None:
     _TASKS.discard(task)
+    _report(task)
+
+
+def _report(task: asyncio.Task[Any]) -> None:
     if task.cancelled():
         return
     exc = task.exception()
     if exc is not None:
         logger.error("task failed", extra={"task": task.get_name()}, exc_info=exc)
+
+
+class TaskSet:
+    """Tasks on one loop that an owner waits on or cancels together (`tasks`), each
+    referenced until it ends and its failure logged, as `spawn` does. Given its loop,
+    it asks for no running loop per task (a `getpid()` system call in CPython 3.11),
+    and each task has one done callback: for a task per h2 stream."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+        task = self.loop.create_task(coro, name=name)
+        self.tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        _report(task)
 
 
 def new_loop() -> asyncio.AbstractEventLoop:

@@ -139,14 +139,7 @@ async def serve(
         conn.close()
     elif not conn.closed:
         transport.resume_reading()
-    tasks: set[asyncio.Task[None]] = set()
-    loop = conn.loop
-
-    def done(task: asyncio.Task[None]) -> None:  # one callback per stream (rule 8)
-        tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("h2 stream failed", exc_info=task.exception())
-
+    streams = aio.TaskSet(conn.loop)  # a task per stream, one done callback each (rule 8)
     count = 0
     try:
         while True:
@@ -154,13 +147,11 @@ async def serve(
             if stream is None:
                 break
             count += 1
-            task = loop.create_task(proxy_stream(stream, router, pool), name="h2-stream")
-            tasks.add(task)
-            task.add_done_callback(done)
-        if tasks:
-            await asyncio.wait(list(tasks))
+            streams.spawn(proxy_stream(stream, router, pool), name="h2-stream")
+        if streams.tasks:
+            await asyncio.wait(list(streams.tasks))
     finally:
-        for task in list(tasks):
+        for task in list(streams.tasks):
             task.cancel()
         conn.close()
     return count

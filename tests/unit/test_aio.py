@@ -1,0 +1,56 @@
+"""agent.aio: tasks referenced until they end, failures logged."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from agent import aio
+
+if TYPE_CHECKING:
+    import pytest
+
+
+async def _fail() -> None:
+    raise ValueError("boom")
+
+
+async def _ok() -> int:
+    return 1
+
+
+def test_a_task_set_holds_its_tasks_until_they_end_and_logs_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        tasks = aio.TaskSet(asyncio.get_running_loop())
+        ok = tasks.spawn(_ok(), name="ok")
+        bad = tasks.spawn(_fail(), name="bad")
+        assert tasks.tasks == {ok, bad}
+        await asyncio.wait([ok, bad])
+        await asyncio.sleep(0)  # the done callbacks run
+        assert tasks.tasks == set()
+        assert ok.result() == 1
+
+    with caplog.at_level(logging.ERROR, logger="agent.aio"):
+        aio.run(main())
+    (record,) = [r for r in caplog.records if r.message == "task failed"]
+    assert record.task == "bad"  # type: ignore[attr-defined]
+    assert record.exc_info is not None
+    assert isinstance(record.exc_info[1], ValueError)
+
+
+def test_a_cancelled_task_is_not_a_failure(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        tasks = aio.TaskSet(asyncio.get_running_loop())
+        t = tasks.spawn(asyncio.sleep(10), name="sleeper")
+        await asyncio.sleep(0)
+        t.cancel()
+        await asyncio.wait([t])
+        await asyncio.sleep(0)
+        assert tasks.tasks == set()
+
+    with caplog.at_level(logging.ERROR, logger="agent.aio"):
+        aio.run(main())
+    assert not [r for r in caplog.records if r.message == "task failed"]
