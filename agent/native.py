@@ -77,6 +77,7 @@ MODULES = (
     ("proxy", "profile"),
     ("proxy", "record"),
     ("proxy", "upstream"),
+    ("proxy", "writes"),
     ("admin", "labelsets"),
     ("admin", "metrics"),
     ("admin", "observe"),

@@ -7,7 +7,9 @@ it answers the client from there, in the connection's context.
 
 Rules:
 1. The response leaves in one client write per batch of upstream events:
-   head (`response_head`, hop-by-hop dropped) and body pieces joined.
+   head (`response_head`, hop-by-hop dropped) and body pieces joined; a
+   whole response is held to the end of the loop's batch of callbacks
+   (agent.proxy.writes).
 2. At the end: the balancer handle is done with the response's class, the
    upstream connection goes back to the pool, the recorder counts request and
    response, and the connection takes its next queued request (`pump`).
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
     from agent.proxy.h1upstream import UpstreamConn
     from agent.proxy.record import BoundHttp, Labels
     from agent.proxy.upstream import ConnPool
+    from agent.proxy.writes import WriteBatch
 
 WHOLE_PIECES_MAX = 16  # body pieces of a request the callback path takes at once
 KEEP_TE = frozenset({b"transfer-encoding"})
@@ -70,6 +73,7 @@ class Conn(Protocol):
     stop: bool
     write_paused: bool
     callback_requests: int
+    held: WriteBatch  # the loop's held writes (httpproxy rule 8)
     tally: BoundHttp | None  # the metrics handle of the last exchange's labels (record rule 5)
 
     def write(self, data: bytes | memoryview) -> None:
@@ -164,9 +168,8 @@ class CallbackExchange:
         parts = self._final_head(resp)
         out = self.out
         if parts[0] is resp.raw and not out:  # `response_head` kept the head as received
-            tr = self.conn.transport
-            if not tr.is_closing():
-                tr.write(data)
+            conn = self.conn
+            conn.held.hold(conn.transport, data)  # agent.proxy.writes
             self._finish()
             return
         out += parts

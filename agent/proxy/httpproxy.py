@@ -44,6 +44,9 @@ Rules:
    coroutine, which sends it again on a fresh one (as `_send` does).
    Callbacks run in the connection's context (`ctx`), so the recorder sees
    `record.CONN` and `record.REQUEST` as it does in the coroutine.
+8. The callback path holds its writes (the request upstream, a whole response
+   to the client) to the end of the loop's batch of callbacks
+   (agent.proxy.writes); every other write flushes what is held first.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ import contextvars
 import logging
 from typing import cast
 
-from agent.proxy import h1msg
+from agent.proxy import h1msg, writes
 from agent.proxy.h1client import ClientSide
 from agent.proxy.h1fast import (
     KEEP_TE,
@@ -108,6 +111,7 @@ class HttpConn:
         self.body_done = False  # the current request's body was read from the client
         self.write_paused = False
         self.loop = asyncio.get_running_loop()
+        self.held = writes.batch_for(self.loop)  # the callback path's writes (rule 8)
         # Rule 7: the callback path's state.
         self.ctx = contextvars.copy_context()  # the connection's task context (record.CONN)
         self.parked: asyncio.Future[None] | None = None  # the coroutine sleeps on it
@@ -179,6 +183,7 @@ class HttpConn:
                 self.current.abort()
                 self.current = None
             if not self.transport.is_closing():
+                self.held.flush()
                 self.transport.close()
             self.down.detach()  # no reference cycles left (agent.proxy.worker rule 7)
             self.router.close()
@@ -214,6 +219,9 @@ class HttpConn:
 
     def write(self, data: bytes | memoryview) -> None:
         if not self.transport.is_closing():
+            held = self.held
+            if held.items:
+                held.flush()  # agent.proxy.writes rule 2
             self.transport.write(data)
 
     # --- the callback path (rule 7) ---
@@ -319,7 +327,7 @@ class HttpConn:
         tr = up.transport
         assert tr is not None  # noqa: S101 - pooled connections are connected
         body = fast.body
-        tr.write(b"".join((out, *body)) if body else out)
+        self.held.hold(tr, b"".join((out, *body)) if body else out)
 
     def _hand_off(self, work: Handoff, n: int) -> None:
         """The coroutine serves `work`; it reads the body and end from the queue."""
@@ -509,6 +517,9 @@ class HttpConn:
             tr = up.transport
             assert tr is not None  # noqa: S101 - connected by the opener
             out = self._head_bytes(head, target)
+            held = self.held
+            if held.items:
+                held.flush()  # agent.proxy.writes rule 2
             if replay:
                 if len(replay) <= COALESCE_LIMIT:
                     tr.write(out + replay)

@@ -1,0 +1,130 @@
+"""agent.proxy.writes on real sockets: held writes leave at the end of the loop's batch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import socket
+from typing import TYPE_CHECKING
+
+from agent import aio
+from agent.proxy import writes
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import pytest
+
+
+@contextlib.contextmanager
+def _pairs(n: int) -> Iterator[list[tuple[socket.socket, socket.socket]]]:
+    pairs = [socket.socketpair() for _ in range(n)]
+    try:
+        for _, theirs in pairs:
+            theirs.setblocking(False)
+        yield pairs
+    finally:
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()
+
+
+def _pending(sock: socket.socket) -> bytes:
+    """What arrived on `sock` so far (b"" when nothing did)."""
+    try:
+        return sock.recv(65536)
+    except BlockingIOError:
+        return b""
+
+
+async def _transport(sock: socket.socket) -> asyncio.Transport:
+    tr, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, sock=sock)
+    return tr
+
+
+def test_held_writes_leave_in_order_once_the_callbacks_of_the_batch_ran() -> None:
+    async def main() -> None:
+        with _pairs(2) as pairs:
+            (a, a_peer), (b, b_peer) = pairs
+            ta, tb = await _transport(a), await _transport(b)
+            batch = writes.batch_for(asyncio.get_running_loop())
+            batch.hold(ta, b"GET /1 ")
+            batch.hold(tb, b"to b")
+            batch.hold(ta, memoryview(b"GET /2"))
+            assert _pending(a_peer) == b""  # held while this callback runs
+            await asyncio.sleep(0)  # the loop runs its ready callbacks: the flush among them
+            assert batch.items == []
+            assert _pending(a_peer) == b"GET /1 GET /2"
+            assert _pending(b_peer) == b"to b"
+            ta.close()
+            tb.close()
+
+    aio.run(main())
+
+
+def test_flush_puts_what_is_held_before_a_direct_write() -> None:
+    async def main() -> None:
+        with _pairs(1) as [(a, peer)]:
+            tr = await _transport(a)
+            batch = writes.batch_for(asyncio.get_running_loop())
+            batch.hold(tr, b"first ")
+            batch.flush()  # what every other write of the HTTP/1 path does first
+            tr.write(b"second")
+            assert _pending(peer) == b"first second"
+            batch.flush()  # nothing held: a no-op
+            await asyncio.sleep(0)  # the scheduled flush finds nothing either
+            assert _pending(peer) == b""
+            tr.close()
+
+    aio.run(main())
+
+
+def test_a_closed_or_failing_transport_loses_only_its_own_write(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        with _pairs(3) as pairs:
+            (a, a_peer), (b, b_peer), (c, c_peer) = pairs
+            closed, broken, fine = await _transport(a), await _transport(b), await _transport(c)
+            batch = writes.batch_for(asyncio.get_running_loop())
+            batch.hold(closed, b"to a")
+            batch.hold(broken, b"to b")
+            batch.hold(fine, b"to c")
+            closed.close()
+            broken.write_eof()  # a write after it raises
+            await asyncio.sleep(0.01)
+            assert _pending(a_peer) == b""  # closed before the flush: skipped, no error
+            assert broken.is_closing()  # aborted, its peer sees the end
+            assert _pending(b_peer) == b""
+            assert _pending(c_peer) == b"to c"
+            fine.close()
+
+    with caplog.at_level(logging.WARNING, logger="agent.proxy.writes"):
+        aio.run(main())
+    message = "held write failed, aborting its connection"
+    failed = [r for r in caplog.records if r.message == message]
+    assert len(failed) == 1
+    assert failed[0].exc_info is not None
+    assert isinstance(failed[0].exc_info[1], RuntimeError)
+
+
+def test_each_loop_has_one_batch_which_goes_with_it() -> None:
+    async def batch_of_this_loop() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        return id(writes.batch_for(loop)), id(writes.batch_for(loop))
+
+    first, again = aio.run(batch_of_this_loop())
+    assert first == again
+    loop = asyncio.new_event_loop()
+    try:
+        other = writes.batch_for(loop)
+        assert other is writes.batch_for(loop)
+        assert len([b for b in writes._BATCHES.values() if b is other]) == 1
+    finally:
+        loop.close()
+    before = len(writes._BATCHES)
+    del loop, other
+    gc.collect()
+    assert len(writes._BATCHES) == before - 1
