@@ -48,9 +48,9 @@ class WriteBatch:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)  # the registry's value: a strong one would keep it
-        self.items: list[tuple[asyncio.BaseTransport, bytes | memoryview]] = []
+        self.items: list[tuple[asyncio.WriteTransport, bytes | memoryview]] = []
 
-    def hold(self, transport: asyncio.BaseTransport, data: bytes | memoryview) -> None:
+    def hold(self, transport: asyncio.WriteTransport, data: bytes | memoryview) -> None:
         """Write `data` to `transport` when the loop's current batch of callbacks ends."""
         items = self.items
         if not items:
@@ -70,10 +70,10 @@ class WriteBatch:
             if transport.is_closing():
                 continue
             try:
-                transport.write(data)  # type: ignore[attr-defined]
+                transport.write(data)
             except Exception:  # rule 4: one transport's failure stays its own
                 logger.warning("held write failed, aborting its connection", exc_info=True)
-                transport.abort()  # type: ignore[attr-defined]
+                transport.abort()
 
 
 _BATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WriteBatch] = (
