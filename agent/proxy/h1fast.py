@@ -73,7 +73,7 @@ class Conn(Protocol):
     stop: bool
     write_paused: bool
     callback_requests: int
-    held: WriteBatch  # the loop's held writes (httpproxy rule 8)
+    batch: WriteBatch  # the loop's held writes (httpproxy rule 8)
     tally: BoundHttp | None  # the metrics handle of the last exchange's labels (record rule 5)
 
     def write(self, data: bytes | memoryview) -> None:
@@ -169,7 +169,7 @@ class CallbackExchange:
         out = self.out
         if parts[0] is resp.raw and not out:  # `response_head` kept the head as received
             conn = self.conn
-            conn.held.hold(conn.transport, data)  # agent.proxy.writes
+            conn.batch.hold(conn.transport, data)  # agent.proxy.writes
             self._finish()
             return
         out += parts

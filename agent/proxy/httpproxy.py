@@ -111,7 +111,7 @@ class HttpConn:
         self.body_done = False  # the current request's body was read from the client
         self.write_paused = False
         self.loop = asyncio.get_running_loop()
-        self.held = writes.batch_for(self.loop)  # the callback path's writes (rule 8)
+        self.batch = writes.batch_for(self.loop)  # the callback path's writes (rule 8)
         # Rule 7: the callback path's state.
         self.ctx = contextvars.copy_context()  # the connection's task context (record.CONN)
         self.parked: asyncio.Future[None] | None = None  # the coroutine sleeps on it
@@ -183,7 +183,7 @@ class HttpConn:
                 self.current.abort()
                 self.current = None
             if not self.transport.is_closing():
-                self.held.flush()
+                self.batch.flush()
                 self.transport.close()
             self.down.detach()  # no reference cycles left (agent.proxy.worker rule 7)
             self.router.close()
@@ -219,9 +219,7 @@ class HttpConn:
 
     def write(self, data: bytes | memoryview) -> None:
         if not self.transport.is_closing():
-            held = self.held
-            if held.items:
-                held.flush()  # agent.proxy.writes rule 2
+            self.batch.flush()  # agent.proxy.writes rule 2
             self.transport.write(data)
 
     # --- the callback path (rule 7) ---
@@ -327,7 +325,7 @@ class HttpConn:
         tr = up.transport
         assert tr is not None  # noqa: S101 - pooled connections are connected
         body = fast.body
-        self.held.hold(tr, b"".join((out, *body)) if body else out)
+        self.batch.hold(tr, b"".join((out, *body)) if body else out)
 
     def _hand_off(self, work: Handoff, n: int) -> None:
         """The coroutine serves `work`; it reads the body and end from the queue."""
@@ -517,9 +515,7 @@ class HttpConn:
             tr = up.transport
             assert tr is not None  # noqa: S101 - connected by the opener
             out = self._head_bytes(head, target)
-            held = self.held
-            if held.items:
-                held.flush()  # agent.proxy.writes rule 2
+            self.batch.flush()  # agent.proxy.writes rule 2
             if replay:
                 if len(replay) <= COALESCE_LIMIT:
                     tr.write(out + replay)
