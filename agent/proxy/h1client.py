@@ -1,10 +1,11 @@
 """The client side of an HTTP/1.1 proxied connection: parse requests, queue their events.
 
 `ClientSide` is the accepted connection's protocol. It parses what the client
-sends into a queue of events (agent.proxy.http1) and tells its `Owner`
-(agent.proxy.httpproxy's `HttpConn`) that input arrived, that the client left
-or that writing to it paused. The owner takes events with `pop` (callbacks)
-or `await next_event()` (its coroutine).
+sends into a queue of events (agent.proxy.http1) and tells its owner, the
+connection (agent.proxy.httpproxy's `HttpConn`, typed as such so the compiled
+build calls it directly), that input arrived, that the client left or that
+writing to it paused. The owner takes events with `pop` (callbacks) or
+`await next_event()` (its coroutine).
 
 Rules:
 1. Reading pauses when more than `HIGH_WATER` body bytes or
@@ -22,60 +23,23 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 from agent.proxy import http1
 from agent.proxy.h1upstream import HIGH_WATER, LOW_WATER
 from agent.proxy.http1 import END, BodyData, MessageEnd
 
+if TYPE_CHECKING:
+    from agent.proxy.httpproxy import HttpConn
+
 MAX_QUEUED_EVENTS = 256
-
-
-class Owner(Protocol):
-    """What the client side reports to the connection it belongs to."""
-
-    def arrived(self) -> None:
-        """Client input (or its EOF) was queued."""
-        ...
-
-    def take(self, head: http1.RequestHead) -> bool:
-        """Begin `head`, a whole bodiless request not queued, at once; False: not now."""
-        ...
-
-    def client_lost(self) -> None:
-        """The client connection is gone."""
-        ...
-
-    def client_write_paused(self, *, paused: bool) -> None:
-        """Writing to the client paused (True) or resumed (False)."""
-        ...
-
-
-class _Detached:
-    """The owner of a client side whose connection is over: hears nothing (so the two
-    do not stay in a reference cycle, agent.proxy.worker rule 7)."""
-
-    def arrived(self) -> None:
-        pass
-
-    def take(self, head: http1.RequestHead) -> bool:  # noqa: ARG002 - Owner API
-        return True  # too late to serve: dropped
-
-    def client_lost(self) -> None:
-        pass
-
-    def client_write_paused(self, *, paused: bool) -> None:
-        pass
-
-
-DETACHED = _Detached()
 
 
 class ClientSide(asyncio.Protocol):
     """The client connection's protocol: parse requests, queue events for the connection."""
 
-    def __init__(self, conn: Owner) -> None:
-        self.conn = conn
+    def __init__(self, conn: HttpConn) -> None:
+        self.conn: HttpConn | None = conn  # None once detached
         self.transport: asyncio.Transport | None = None
         self.parser = http1.RequestParser()
         self.events: deque[http1.Event] = deque()
@@ -95,10 +59,11 @@ class ClientSide(asyncio.Protocol):
         if not events:  # rule 4: one bodiless request alone goes straight to the owner
             head = self.parser.whole(data)
             if head is not None:
-                if not self.conn.take(head):
+                conn = self.conn
+                if conn is not None and not conn.take(head):
                     events.append(head)
                     events.append(END)
-                    self.conn.arrived()
+                    conn.arrived()
                 return
         evs = self.parser.feed(data)
         for ev in evs:
@@ -109,27 +74,38 @@ class ClientSide(asyncio.Protocol):
             self.paused = True
             if self.transport is not None:
                 self.transport.pause_reading()
-        self.conn.arrived()
+        conn = self.conn
+        if conn is not None:
+            conn.arrived()
 
     def eof_received(self) -> bool:
         self.events.extend(self.parser.feed_eof())
         self.eof = True
-        self.conn.arrived()
+        conn = self.conn
+        if conn is not None:
+            conn.arrived()
         return True  # keep our side open to answer
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - Protocol API
         self.lost = True
-        self.conn.client_lost()
+        conn = self.conn
+        if conn is not None:
+            conn.client_lost()
 
     def pause_writing(self) -> None:
-        self.conn.client_write_paused(paused=True)
+        conn = self.conn
+        if conn is not None:
+            conn.client_write_paused(paused=True)
 
     def resume_writing(self) -> None:
-        self.conn.client_write_paused(paused=False)
+        conn = self.conn
+        if conn is not None:
+            conn.client_write_paused(paused=False)
 
     def detach(self) -> None:
-        """The connection is over: report nothing more to it."""
-        self.conn = DETACHED
+        """The connection is over: report nothing more to it (no reference cycle stays,
+        agent.proxy.worker rule 7)."""
+        self.conn = None
 
     def wake(self) -> None:
         """Wake the coroutine waiting in `next_event`, if any."""

@@ -23,10 +23,10 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 from agent.proxy import h1msg, http1, record
-from agent.proxy.h1plan import Plan, Reject, Target, reject
+from agent.proxy.h1plan import Plan, Target, reject
 from agent.proxy.http1 import (
     BodyData,
     Framing,
@@ -40,57 +40,16 @@ from agent.proxy.profile import classify
 from agent.proxy.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    import asyncio
-    import contextvars
     from collections import deque
 
-    from agent.proxy.h1client import ClientSide
-    from agent.proxy.h1plan import Router
     from agent.proxy.h1upstream import UpstreamConn
-    from agent.proxy.record import BoundHttp, Labels
-    from agent.proxy.upstream import ConnPool
-    from agent.proxy.writes import WriteBatch
+    from agent.proxy.httpproxy import HttpConn
 
 WHOLE_PIECES_MAX = 16  # body pieces of a request the callback path takes at once
 KEEP_TE = frozenset({b"transfer-encoding"})
 NO_KEEP: frozenset[bytes] = frozenset()
 
 HeadOut = tuple[list[bytes | memoryview], bool]
-
-
-class Conn(Protocol):
-    """What a callback exchange needs of its connection (httpproxy's `HttpConn`)."""
-
-    ctx: contextvars.Context
-    loop: asyncio.AbstractEventLoop
-    down: ClientSide
-    router: Router
-    pool: ConnPool
-    transport: asyncio.Transport
-    fast: CallbackExchange | None
-    current: UpstreamConn | None
-    handoff: Handoff | None
-    stop: bool
-    write_paused: bool
-    callback_requests: int
-    batch: WriteBatch  # the loop's held writes (httpproxy rule 8)
-    tally: BoundHttp | None  # the metrics handle of the last exchange's labels (record rule 5)
-
-    def write(self, data: bytes | memoryview) -> None:
-        """Write to the client unless it is closing."""
-        ...
-
-    def pump(self) -> None:
-        """Take the next queued request (callbacks) or hand over to the coroutine."""
-        ...
-
-    def answer(self, reject: Reject, t0: float, labels: Labels) -> bool:
-        """Answer with a proxy response; whether the connection may carry another."""
-        ...
-
-    def response_head(self, head: RequestHead, resp: ResponseHead) -> HeadOut:
-        """The client's response head for `resp` (cached per connection)."""
-        ...
 
 
 @dataclass(slots=True)
@@ -104,7 +63,7 @@ class Handoff:
 
 
 class CallbackExchange:
-    """One request served in protocol callbacks: the upstream connection's `Sink`."""
+    """One request served in protocol callbacks: the upstream connection's exchange."""
 
     __slots__ = (
         "body",
@@ -125,7 +84,7 @@ class CallbackExchange:
 
     def __init__(  # noqa: PLR0913 - the facts of one request
         self,
-        conn: Conn,
+        conn: HttpConn,
         up: UpstreamConn,
         *,
         head: RequestHead,
@@ -149,7 +108,7 @@ class CallbackExchange:
         self.failure = False
         self.keep = True
 
-    # Sink API (called by UpstreamConn outside the connection's context)
+    # What UpstreamConn calls (outside the connection's context)
     def on_events(self, events: list[http1.Event]) -> None:
         if events and self.conn.fast is self:
             self.conn.ctx.run(self._on_events, events)

@@ -3,18 +3,19 @@
 `UpstreamConn` is the asyncio protocol of one keep-alive connection to an
 endpoint (or a pod's app); `ConnPool` (agent.proxy.upstream) keeps it between
 exchanges. While a request is out, the connection feeds the response events
-its parser yields to the current exchange (`Sink.on_events`), or a whole
-response in one read as it came (`Sink.on_whole`); between
+its parser yields to the current exchange (`on_events`), or a whole
+response in one read as it came (`on_whole`); between
 exchanges any byte from the upstream makes it unusable.
 
 Two kinds of exchange use it (agent.proxy.httpproxy): `Exchange`, which
 resolves a future for the connection's coroutine (the general path), and the
-callback path's exchange, which answers the client from inside these
-callbacks.
+callback path's exchange (agent.proxy.h1fast's `CallbackExchange`), which
+answers the client from inside these callbacks. The connection holds either as
+their union, so the compiled build calls them directly.
 
 Rules:
 1. The connection never outlives a broken exchange: protocol errors, EOF or
-   loss before the response ended fail the exchange (`Sink.fail`), and the
+   loss before the response ended fail the exchange (`fail`), and the
    caller aborts the connection.
 2. `reusable` is the pool's test: alive, no EOF, no exchange, parser between
    messages.
@@ -28,7 +29,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 from agent.proxy import http1
 from agent.proxy.http1 import BodyData, MessageEnd, ProtocolError, ResponseHead, Upgraded
@@ -37,26 +38,10 @@ from agent.proxy.upstream import UpstreamError
 if TYPE_CHECKING:
     from collections.abc import Hashable
 
+    from agent.proxy.h1fast import CallbackExchange
+
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
-
-
-class Sink(Protocol):
-    """What an upstream connection reports to the exchange it serves."""
-
-    ended: bool
-
-    def on_events(self, events: list[http1.Event]) -> None:
-        """Parsed response events, in order."""
-        ...
-
-    def on_whole(self, head: ResponseHead, data: bytes) -> None:
-        """A whole response, `data`, with its parsed `head` (`ResponseParser.whole`)."""
-        ...
-
-    def fail(self, err: UpstreamError) -> None:
-        """The connection broke (EOF, loss) before the response ended."""
-        ...
 
 
 class Exchange:
@@ -180,7 +165,7 @@ class UpstreamConn(asyncio.Protocol):
         self.parser = http1.ResponseParser()
         self.pool_key: Hashable = None
         self.idle_since = 0.0
-        self.exch: Sink | None = None
+        self.exch: Exchange | CallbackExchange | None = None
         self.lost = False
         self.eof = False
         self.write_paused = False
@@ -273,7 +258,7 @@ class UpstreamConn(asyncio.Protocol):
         self.parser.expect(method)
         return exch
 
-    def begin_with(self, sink: Sink, method: bytes) -> None:
+    def begin_with(self, sink: CallbackExchange, method: bytes) -> None:
         """Start an exchange whose events go to `sink` (the callback path)."""
         self.exch = sink
         self.parser.expect(method)

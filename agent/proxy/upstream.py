@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import socket
     import ssl
 
+    from agent.proxy.h1upstream import UpstreamConn
     from agent.proxy.state import TlsMaterial
     from agent.proxy.worker import Worker
 
@@ -207,12 +208,14 @@ class ConnPool:
     ) -> None:
         self.idle_timeout = idle_timeout
         self.max_idle = max_idle
-        self._idle: dict[Hashable, list[Pooled]] = {}
+        # Typed with the one connection class it holds first, so the compiled build reads
+        # its attributes directly; anything else `Pooled` (the unit tests' fakes) also works.
+        self._idle: dict[Hashable, list[UpstreamConn | Pooled]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self.opened = 0
         self.reused = 0
 
-    def take(self, key: Hashable) -> Pooled | None:
+    def take(self, key: Hashable) -> UpstreamConn | Pooled | None:
         """A live idle connection for `key`, or None."""
         idle = self._idle.get(key)
         while idle:
@@ -237,12 +240,15 @@ class ConnPool:
         self.opened += 1
         return conn, False
 
-    def release(self, conn: Pooled) -> None:
+    def release(self, conn: UpstreamConn | Pooled) -> None:
         """Give a connection back after a complete exchange (closed if not reusable)."""
         if not conn.reusable:
             conn.close()
             return
-        idle = self._idle.setdefault(conn.pool_key, [])
+        key = conn.pool_key
+        idle = self._idle.get(key)
+        if idle is None:
+            idle = self._idle[key] = []
         if len(idle) >= self.max_idle:
             conn.close()
             return
