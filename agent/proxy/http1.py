@@ -482,6 +482,10 @@ class RequestParser(_Parser):
     def __init__(self, *, decode_chunked: bool = False, max_head: int = MAX_HEAD_BYTES) -> None:
         super().__init__(decode_chunked=decode_chunked, max_head=max_head)
         self._switching = False  # the current request asks to upgrade or CONNECT
+        # The last head `whole` returned and the bytes it came in: a client repeating its
+        # request is answered by one comparison (no search, slice or hash).
+        self._last: RequestHead | None = None
+        self._last_block = b""
 
     def whole(self, data: Input) -> RequestHead | None:
         """The head when `data` is exactly one bodiless request whose head was parsed before.
@@ -490,17 +494,21 @@ class RequestParser(_Parser):
         """
         if self._state is not _S.HEAD or self._stash or type(data) is not bytes:
             return None
-        idx = data.find(b"\r\n\r\n")
-        if idx <= 0 or idx > self.max_head or idx + 4 != len(data):
-            return None
-        hit = _REQUEST_HEADS.get(data[:idx])
-        if (
-            hit is None
-            or hit.framing is not Framing.NONE
-            or hit.upgrade is not None
-            or hit.method == b"CONNECT"
-        ):
-            return None
+        hit = self._last
+        if hit is None or data != self._last_block:
+            idx = data.find(b"\r\n\r\n")
+            if idx <= 0 or idx > self.max_head or idx + 4 != len(data):
+                return None
+            hit = _REQUEST_HEADS.get(data[:idx])
+            if (
+                hit is None
+                or hit.framing is not Framing.NONE
+                or hit.upgrade is not None
+                or hit.method == b"CONNECT"
+            ):
+                return None
+            self._last = hit
+            self._last_block = data
         keep = hit.keep_alive
         self._keep_alive = keep
         self._switching = False
@@ -615,6 +623,11 @@ class ResponseParser(_Parser):
     def __init__(self, *, decode_chunked: bool = False, max_head: int = MAX_HEAD_BYTES) -> None:
         super().__init__(decode_chunked=decode_chunked, max_head=max_head)
         self._pending: deque[_Pending] = deque()
+        # The last head `whole` found (answering HEAD or not) and its bytes with the blank
+        # line: a server repeating its head is recognised by one prefix comparison.
+        self._last: ResponseHead | None = None
+        self._last_is_head = False
+        self._last_block = b""
 
     def expect(self, method: bytes, *, upgrade: bool = False) -> None:
         """A request was sent; its response comes after those already expected."""
@@ -638,12 +651,25 @@ class ResponseParser(_Parser):
         if self._state is not _S.HEAD or self._stash or not pending or type(data) is not bytes:
             return None
         request = pending[0]
-        idx = data.find(b"\r\n\r\n")
-        if idx <= 0 or idx > self.max_head or not request.plain:
+        if not request.plain:
             return None
-        hit = _RESPONSE_HEADS[request.is_head].get(data[:idx])
-        if hit is None or hit.status < 200:
-            return None
+        hit = self._last
+        if (
+            hit is not None
+            and request.is_head == self._last_is_head
+            and data.startswith(self._last_block)
+        ):
+            idx = len(hit.raw)
+        else:
+            idx = data.find(b"\r\n\r\n")
+            if idx <= 0 or idx > self.max_head:
+                return None
+            hit = _RESPONSE_HEADS[request.is_head].get(data[:idx])
+            if hit is None or hit.status < 200:
+                return None
+            self._last = hit
+            self._last_is_head = request.is_head
+            self._last_block = data[: idx + 4]
         rest = len(data) - idx - 4
         framing = hit.framing
         if not (

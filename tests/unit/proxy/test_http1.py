@@ -608,3 +608,34 @@ def test_response_whole_needs_its_request_a_cached_head_and_exactly_the_body() -
     parser.expect(b"CONNECT")  # may switch protocols: never the shortcut
     assert parser.whole(ok) is None
     assert parser.state == "head"
+
+
+def test_whole_knows_a_repeated_message_by_its_last_head_and_everything_else_as_before() -> None:
+    a = b"GET /a HTTP/1.1\r\nHost: repeat.test\r\n\r\n"
+    b = b"GET /b HTTP/1.1\r\nHost: repeat.test\r\n\r\n"
+    unseen = b"GET /unseen-repeat HTTP/1.1\r\nHost: repeat.test\r\n\r\n"
+    parser = RequestParser()
+    head_a, head_b = parser.feed(a)[0], parser.feed(b)[0]
+    assert [parser.whole(x) for x in (a, a, b, a)] == [head_a, head_a, head_b, head_a]
+    assert parser.whole(a + b"\r\n") is None  # the last head's bytes and more: not whole
+    assert parser.whole(unseen) is None
+    assert [type(e) for e in parser.feed(unseen)] == [RequestHead, MessageEnd]
+    assert parser.whole(a) is head_a
+
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    longer = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-More: 1\r\n\r\n"  # ok's head is its prefix
+    resp = ResponseParser()
+    resp.expect(b"GET")
+    first = resp.feed(ok + b"hello")[0]
+    for body in (b"hello", b"world"):  # the same head, another body of its length
+        resp.expect(b"GET")
+        assert resp.whole(ok + body) is first
+    resp.expect(b"GET")
+    assert resp.whole(ok + b"hello" + ok) is None  # a second response behind it
+    assert resp.whole(longer + b"hello") is None  # another head, not seen before
+    assert resp.whole(ok[:-2]) is None
+    events = resp.feed(longer + b"hello")
+    assert isinstance(events[0], ResponseHead)
+    assert events[0].headers[-1] == (b"X-More", b"1")
+    resp.expect(b"HEAD")  # the same bytes as the last head answer HEAD from the other table
+    assert resp.whole(longer) is None
