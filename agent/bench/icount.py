@@ -11,8 +11,10 @@ each one is served by the callback path (module rule 7), as a worker serves wrk.
 Why: the lab's rates swing by 10-25% between minutes on a shared machine, which hides a
 change of a few percent; an instruction count does not move (the same build counted
 twice differs by less than 0.05%). It counts user space only (the kernel's share of a
-request is outside it) and runs the proxy with a plain router and the no-op recorder, so
-it prices the HTTP/1 machinery, not routing, policy or metrics.
+request is outside it) and runs the proxy with a plain router, so it prices the HTTP/1
+machinery, not routing or policy. `--recorder observe` records into the workers' real
+recorder (agent.admin.observe's `Observer`, on a stand-in worker with an empty state)
+instead of the no-op one, pricing the metrics too.
 
 `--run N` (what the two valgrind runs execute) serves N requests and prints how many the
 callback path answered.
@@ -25,6 +27,7 @@ import asyncio
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import uvloop
@@ -107,6 +110,24 @@ def _client_factory(left: int, done: asyncio.Future[None]) -> Callable[[], _Clie
     return lambda: _Client(left, done)
 
 
+def observe() -> Callable[[], int]:
+    """Record into the workers' `Observer` (on a stand-in worker) from now on; returns a
+    function that tells how many requests it has counted (`request_total`)."""
+    from agent.admin.observe import Observer  # noqa: PLC0415 - only when asked
+    from agent.proxy import record  # noqa: PLC0415
+    from agent.proxy.worker import WorkerState  # noqa: PLC0415
+
+    worker = SimpleNamespace(worker_id=0, state=WorkerState(lambda _need: None))
+    observer = Observer(worker)  # type: ignore[arg-type]
+    record.RECORDER = observer
+
+    def counted() -> int:
+        samples = observer.m.snapshot().families.get("request_total", {})
+        return int(sum(v for v in samples.values() if isinstance(v, (int, float))))
+
+    return counted
+
+
 async def serve(requests: int, connections: int) -> tuple[int, int]:
     """Serve `requests` (split over `connections`); (requests answered, by callbacks)."""
     loop = asyncio.get_running_loop()
@@ -147,11 +168,11 @@ async def serve(requests: int, connections: int) -> tuple[int, int]:
     return sum(c.requests for c in conns), sum(c.callback_requests for c in conns)
 
 
-def count(requests: int, connections: int) -> int:
+def count(requests: int, connections: int, recorder: str) -> int:
     """Instructions callgrind counted for one `--run requests` process."""
     argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
     argv += [sys.executable, "-m", "agent.bench.icount", "--run", str(requests)]
-    argv += ["--connections", str(connections)]
+    argv += ["--connections", str(connections), "--recorder", recorder]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=900)
     found = _COLLECTED.search(done.stderr)
     if done.returncode != 0 or found is None:
@@ -164,12 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", default="2000,6000", help="two request counts, a,b (a < b)")
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--run", type=int, default=0, help="serve N requests, no callgrind")
+    ap.add_argument("--recorder", choices=("none", "observe"), default="none")
     args = ap.parse_args(argv)
     if args.connections < 1:
         ap.error("--connections must be at least 1")
     if args.run:
+        counted = observe() if args.recorder == "observe" else None
         answered, fast = uvloop.run(serve(args.run, args.connections))
-        sys.stdout.write(f"native={native.STATE} requests={answered} callback_path={fast}\n")
+        line = f"native={native.STATE} requests={answered} callback_path={fast}"
+        if counted is not None:
+            line += f" recorded={counted()}"
+        sys.stdout.write(line + "\n")
         return 0
     try:
         low, high = (int(x) for x in args.requests.split(","))
@@ -177,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--requests: two counts a,b, not {args.requests!r}")
     if not 0 < low < high:
         ap.error(f"--requests: need 0 < a < b, got {low},{high}")
-    a, b = count(low, args.connections), count(high, args.connections)
+    a = count(low, args.connections, args.recorder)
+    b = count(high, args.connections, args.recorder)
     per = (b - a) / (high - low)
     sys.stdout.write(
         f"native={native.STATE} instructions per request: {per:,.0f}"

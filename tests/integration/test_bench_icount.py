@@ -56,3 +56,10 @@ def test_bad_flags_are_refused_by_name(args: list[str], says: str):
     done = _icount(*args)
     assert done.returncode == 2
     assert says in done.stderr
+
+
+def test_with_the_workers_recorder_every_request_is_counted_in_request_total():
+    done = _icount("--run", "200", "--connections", "2", "--recorder", "observe")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "requests=200 " in done.stdout
+    assert "recorded=200" in done.stdout
