@@ -81,7 +81,17 @@ class _Open:
 class _BoundHttp:
     """`Observer.exchange` for one label set of one connection (`record` rule 5)."""
 
-    __slots__ = ("_conn", "_direction", "_gen", "_obs", "_series", "_state", "labels")
+    __slots__ = (
+        "_conn",
+        "_direction",
+        "_gen",
+        "_obs",
+        "_series",
+        "_state",
+        "_taps",
+        "_taps_gen",
+        "labels",
+    )
 
     def __init__(self, obs: Observer, conn: Conn | None, direction: str, labels: Labels) -> None:
         self._obs = obs
@@ -91,6 +101,10 @@ class _BoundHttp:
         self.labels = labels
         self._gen = -1  # resolved at the first exchange: the connection opens then (rule 3)
         self._series: list[HttpSeries] = []
+        # The taps in the worker's state, looked up again only when the state changed
+        # (`generation`): not a call into the state per response.
+        self._taps: Any = None
+        self._taps_gen = -1
 
     def exchange(self, status: int, latency_s: float, failure: bool) -> None:
         obs = self._obs
@@ -103,7 +117,12 @@ class _BoundHttp:
             for series in self._series:
                 series.requests.value += 1
                 series.response(status, latency_ms, success)
-            taps = self._state.get(_TAP_KEY)
+            state = self._state
+            gen = state.generation
+            if gen != self._taps_gen:
+                self._taps = state.get(_TAP_KEY)
+                self._taps_gen = gen
+            taps = self._taps
             if taps:
                 obs._tap(  # noqa: SLF001
                     taps,

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from agent.admin.observe import Observer
+from agent.admin.tapping import TAP
 from agent.proxy import channel as ch
 from agent.proxy import record
 from agent.proxy.listener import ListenerKind
@@ -171,3 +172,22 @@ def test_a_failing_handle_is_logged_and_never_raises(
     bound.exchange(200, 0.001, False)
     bugs = [r for r in caplog.records if r.getMessage().startswith("BUG: recording failed")]
     assert len(bugs) == 1  # once per kind
+
+
+def test_a_bound_handle_sees_a_tap_start_and_stop_while_its_connection_is_open(
+    observer: Observer, conn: Any
+) -> None:
+    conn.peer = ("10.0.0.9", 5555)
+    bound = observer.bind_http("inbound", dict(LABELS))
+    bound.exchange(200, 0.001, False)  # no tap yet: no event
+    assert observer.take_tap() is None
+    tap = ch.StateUpdate(key=(TAP,), value=frozenset({POD_KEY}))
+    observer.worker.state.apply(tap)
+    bound.exchange(201, 0.001, False)  # the same handle, after the tap began
+    msg = observer.take_tap()
+    assert msg is not None
+    assert [e["status"] for e in msg.events] == [201]
+    observer.worker.state.apply(ch.StateDelete(key=(TAP,)))
+    bound.exchange(202, 0.001, False)
+    assert observer.take_tap() is None
+    assert list(_family(observer, "request_total").values()) == [3]
