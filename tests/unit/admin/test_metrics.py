@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import pickle
 
 import pytest
@@ -16,6 +17,7 @@ from agent.admin.metrics import (
     Ref,
     Tls,
     WorkerMetrics,
+    bucket,
     dst_labels,
     errno_label,
     is_success,
@@ -535,3 +537,20 @@ def test_exposition_merges_sources_and_survives_a_failing_one():
     samples = parse(exp.render())
     lag = {lb.get("worker", "-"): v for lb, v in samples["meshagent_event_loop_lag_seconds"]}
     assert lag == {"1": 0.004, "-": 0.002}
+
+
+@settings(max_examples=300)
+@given(
+    bounds=st.lists(st.floats(allow_nan=False), max_size=30).map(lambda xs: tuple(sorted(xs))),
+    v=st.floats(),
+)
+def test_bucket_is_bisect_left(bounds: tuple[float, ...], v: float) -> None:
+    assert bucket(bounds, v) == bisect.bisect_left(bounds, v)
+
+
+def test_bucket_puts_a_latency_on_each_bound_in_that_bounds_bucket() -> None:
+    bounds = tuple(float(b) for b in LATENCY_MS_BUCKETS)
+    for i, b in enumerate(bounds):
+        assert bucket(bounds, b) == i  # le="b" holds b itself
+        assert bucket(bounds, b + 1e-9) == i + 1
+    assert bucket(bounds, float("inf")) == len(bounds)  # the +Inf bucket
