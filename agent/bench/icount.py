@@ -16,6 +16,12 @@ machinery, not routing or policy. `--recorder observe` records into the workers'
 recorder (agent.admin.observe's `Observer`, on a stand-in worker with an empty state)
 instead of the no-op one, pricing the metrics too.
 
+`--tls` puts mutual TLS on the hop between the proxy and the server, both ends on
+agent.proxy.tlsio as in a cross-node hop: the proxy's pooled connection is opened by
+`upstream.open_transport` (the outbound side), the server terminates with `TlsTransport`
+as inbound does. The count then prices the record layer's Python and OpenSSL's work for
+both ends of one hop.
+
 `--run N` (what the two valgrind runs execute) serves N requests and prints how many the
 callback path answered.
 """
@@ -25,18 +31,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import socket
 import subprocess
 import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import uvloop
 
 from agent import native
-from agent.proxy import httpproxy
+from agent.proxy import httpproxy, upstream
+from agent.proxy.tlsio import TlsTransport
 from agent.proxy.upstream import ConnPool
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import Callable
 
     from agent.proxy.http1 import RequestHead
@@ -61,14 +73,81 @@ class _Server(asyncio.Protocol):
         self.transport.write(RESPONSE * data.count(b"\r\n\r\n"))
 
 
+class _TlsAccept(asyncio.Protocol):
+    """Terminates mTLS as inbound does (`TlsTransport`, server side), then serves `_Server`."""
+
+    sessions = 0  # handshakes completed, in this process
+
+    def __init__(self, ctx: ssl.SSLContext, tasks: list[asyncio.Task[None]]) -> None:
+        self.ctx = ctx
+        self.tasks = tasks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        tlsx = TlsTransport(transport, self.ctx, server_side=True)  # type: ignore[arg-type]
+        self.tasks.append(asyncio.get_running_loop().create_task(self._serve(tlsx)))
+
+    @staticmethod
+    async def _serve(tlsx: TlsTransport) -> None:
+        await tlsx.handshake(10)
+        _TlsAccept.sessions += 1
+        proto = _Server()
+        tlsx.set_protocol(proto)
+        proto.connection_made(tlsx)
+        tlsx.resume_reading()
+
+
+class _Upstreams:
+    """The worker's upstream sockets (agent.proxy.worker), for `open_transport`."""
+
+    @staticmethod
+    async def get(_netns: str) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)  # noqa: FBT003 - the socket API
+        return sock
+
+
+def tls_contexts(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext, str]:
+    """Client and server mTLS contexts from a fresh mesh CA in `directory`, and the
+    server's identity (what the client expects)."""
+    from agent.identity import ca  # noqa: PLC0415 - only with --tls
+    from agent.identity.csr import check_csr, make_csr, new_key  # noqa: PLC0415
+    from agent.identity.names import Identity  # noqa: PLC0415
+    from agent.identity.tls import chain_pem, client_context, server_context  # noqa: PLC0415
+
+    now = datetime.now(UTC)
+    ca.create_root(directory / "root", now=now)
+    ca.create_issuer(directory / "issuer", directory / "root", now=now)
+    issuer = ca.load_issuer(directory / "issuer", now=now)
+    made: list[ssl.SSLContext] = []
+    server = Identity(sa="api", ns="shop")
+    sides = ((Identity(sa="web", ns="shop"), client_context), (server, server_context))
+    for identity, context in sides:
+        key = new_key()
+        info = check_csr(make_csr(key, identity), identity.dns_name)
+        leaf, chain, _ = issuer.sign_leaf(info, identity, now=now)
+        made.append(context(chain_pem(leaf, chain), key, issuer.bundle.pem))
+    return made[0], made[1], server.dns_name
+
+
 class _Router:
     """Every request to the server (agent.proxy.h1plan's Router)."""
 
     direction = "outbound"
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, tls: tuple[ssl.SSLContext, str] | None = None) -> None:
+        worker = SimpleNamespace(upstreams=_Upstreams(), connect_timeout=10.0)
+
         async def opener(factory: Any) -> tuple[asyncio.Transport, Any]:
-            return await asyncio.get_running_loop().create_connection(factory, HOST, port)
+            if tls is None:
+                return await asyncio.get_running_loop().create_connection(factory, HOST, port)
+            return await upstream.open_transport(
+                worker,  # type: ignore[arg-type]
+                factory,
+                netns="",
+                addr=(HOST, port),
+                ssl_ctx=tls[0],
+                expect_identity=tls[1],
+            )
 
         labels = {"direction": "outbound", "authority": "icount"}
         target = httpproxy.Target(key=("icount", port), open=opener, labels=labels)
@@ -128,14 +207,22 @@ def observe() -> Callable[[], int]:
     return counted
 
 
-async def serve(requests: int, connections: int) -> tuple[int, int]:
-    """Serve `requests` (split over `connections`); (requests answered, by callbacks)."""
+async def serve(
+    requests: int, connections: int, tls: tuple[ssl.SSLContext, ssl.SSLContext, str] | None = None
+) -> tuple[int, int]:
+    """Serve `requests` (split over `connections`), with mTLS to the server when `tls`
+    (client context, server context, server identity) is given; (requests answered, by
+    callbacks)."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(_Server, HOST, 0)
-    router = _Router(server.sockets[0].getsockname()[1])
+    tasks: list[asyncio.Task[None]] = []
+    if tls is None:
+        server = await loop.create_server(_Server, HOST, 0)
+        router = _Router(server.sockets[0].getsockname()[1])
+    else:
+        server = await loop.create_server(lambda: _TlsAccept(tls[1], tasks), HOST, 0)
+        router = _Router(server.sockets[0].getsockname()[1], (tls[0], tls[2]))
     pool = ConnPool()
     conns: list[httpproxy.HttpConn] = []
-    tasks: list[asyncio.Task[None]] = []
 
     class _Accept(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -168,11 +255,12 @@ async def serve(requests: int, connections: int) -> tuple[int, int]:
     return sum(c.requests for c in conns), sum(c.callback_requests for c in conns)
 
 
-def count(requests: int, connections: int, recorder: str) -> int:
+def count(requests: int, connections: int, recorder: str, *, tls: bool) -> int:
     """Instructions callgrind counted for one `--run requests` process."""
     argv = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
     argv += [sys.executable, "-m", "agent.bench.icount", "--run", str(requests)]
     argv += ["--connections", str(connections), "--recorder", recorder]
+    argv += ["--tls"] if tls else []
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=900)
     found = _COLLECTED.search(done.stderr)
     if done.returncode != 0 or found is None:
@@ -186,15 +274,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--run", type=int, default=0, help="serve N requests, no callgrind")
     ap.add_argument("--recorder", choices=("none", "observe"), default="none")
+    ap.add_argument("--tls", action="store_true", help="mTLS between the proxy and the server")
     args = ap.parse_args(argv)
     if args.connections < 1:
         ap.error("--connections must be at least 1")
     if args.run:
         counted = observe() if args.recorder == "observe" else None
-        answered, fast = uvloop.run(serve(args.run, args.connections))
+        with tempfile.TemporaryDirectory(prefix="icount-") as tmp:
+            tls = tls_contexts(Path(tmp)) if args.tls else None
+        answered, fast = uvloop.run(serve(args.run, args.connections, tls))
         line = f"native={native.STATE} requests={answered} callback_path={fast}"
         if counted is not None:
             line += f" recorded={counted()}"
+        if tls is not None:
+            line += f" tls_sessions={_TlsAccept.sessions}"
         sys.stdout.write(line + "\n")
         return 0
     try:
@@ -203,11 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--requests: two counts a,b, not {args.requests!r}")
     if not 0 < low < high:
         ap.error(f"--requests: need 0 < a < b, got {low},{high}")
-    a = count(low, args.connections, args.recorder)
-    b = count(high, args.connections, args.recorder)
+    a = count(low, args.connections, args.recorder, tls=args.tls)
+    b = count(high, args.connections, args.recorder, tls=args.tls)
     per = (b - a) / (high - low)
     sys.stdout.write(
-        f"native={native.STATE} instructions per request: {per:,.0f}"
+        f"native={native.STATE}{' tls' if args.tls else ''} instructions per request: {per:,.0f}"
         f" ({a:,} at {low} requests, {b:,} at {high})\n"
     )
     return 0

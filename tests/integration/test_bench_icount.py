@@ -63,3 +63,14 @@ def test_with_the_workers_recorder_every_request_is_counted_in_request_total():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "requests=200 " in done.stdout
     assert "recorded=200" in done.stdout
+
+
+def test_with_tls_every_request_crosses_one_mtls_session_per_connection():
+    done = _icount("--run", "200", "--connections", "2", "--tls")
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r"requests=(\d+) callback_path=(\d+) tls_sessions=(\d+)", done.stdout)
+    assert found is not None, done.stdout
+    answered, fast, sessions = (int(g) for g in found.groups())
+    assert answered == 200
+    assert fast >= 200 - 2
+    assert sessions == 2  # the pool keeps one upstream per connection, each one handshake
