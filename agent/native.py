@@ -45,8 +45,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent  # .../agent
 BUILD_DIR = Path(os.environ.get(DIR_ENV) or PACKAGE_DIR / "_native")
 STAMP = "stamp"
 GROUP = "meshagent_native"
-# The per-request path of the HTTP/1 and HTTP/2 proxies, the per-connection set-up
-# (detect, plane) and the workers' recorder, in one group (rule 2):
+# The per-request path of the HTTP/1 and HTTP/2 proxies, the TLS record layer (tlsio),
+# the per-connection set-up (detect, plane) and the workers' recorder, in one group
+# (rule 2):
 # (package under agent/, module).
 MODULES = (
     ("proxy", "accrual"),
@@ -76,6 +77,7 @@ MODULES = (
     ("proxy", "plane"),
     ("proxy", "profile"),
     ("proxy", "record"),
+    ("proxy", "tlsio"),
     ("proxy", "upstream"),
     ("proxy", "writes"),
     ("admin", "labelsets"),

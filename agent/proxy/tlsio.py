@@ -22,6 +22,11 @@ Rules:
    to keep writing). `close()` sends close_notify (if not sent yet), then
    closes the raw transport.
 4. Callbacks never raise into the loop: a TLS error aborts the connection.
+
+Compiled with mypyc (agent.native): every request of a cross-node hop passes through
+here twice on each side. Per record the session's reads and writes go to the C object
+under `ssl.SSLObject` (`_sslobj`, where CPython keeps it), not through ssl.py's
+interpreted wrapper methods, and the established session skips the handshake step.
 """
 
 from __future__ import annotations
@@ -29,18 +34,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
-# Plaintext read per SSLObject.read call. Not larger: read(n) allocates n bytes first, and
-# above glibc's mmap threshold (128 KiB) that allocation is an mmap + page faults per call
-# (measured: 15 us per small record with 256 KiB, 2.3 us with 64 KiB). A TLS record holds at
-# most 16 KiB of plaintext, and `_deliver` loops while more is pending.
-READ_CHUNK = 64 * 1024
+# Plaintext read per read call: one record's worth. A TLS record carries at most 2^14
+# bytes of plaintext (RFC 8446 5.1) and OpenSSL's read returns at most one record, so a
+# larger n only allocates more (read(n) allocates n bytes first; above glibc's mmap
+# threshold, 128 KiB, that is an mmap and page faults per call: measured 15 us per small
+# record with 256 KiB). A read that returns less than n has emptied the session's buffer.
+READ_CHUNK: Final = 16 * 1024
 
 
 class TlsHandshakeError(AgentError):
@@ -100,8 +106,19 @@ class TlsTransport(asyncio.Transport):
         self._obj = ctx.wrap_bio(
             self._in, self._out, server_side=server_side, server_hostname=server_hostname
         )
+        # The C session ssl.SSLObject wraps: the same read/write/pending/do_handshake,
+        # raising the same exceptions, without an interpreted call each (module docstring).
+        self._ssl: Any = getattr(self._obj, "_sslobj", self._obj)
+        # Per record: bound once, called without a method lookup each time.
+        self._ssl_read: Callable[[int], bytes] = self._ssl.read
+        self._ssl_write: Callable[[bytes | bytearray | memoryview], int] = self._ssl.write
+        self._in_write: Callable[[bytes], int] = self._in.write
+        self._out_read: Callable[[], bytes] = self._out.read
+        self._raw_write: Callable[[bytes], None] = raw.write
         self._proto: asyncio.Protocol | None = None
+        self._proto_data: Callable[[bytes], None] | None = None  # its data_received
         self._done: asyncio.Future[None] = self._loop.create_future()
+        self._established = False  # the handshake completed (`_done` holds its result)
         self._paused = False
         self._closing = False
         self._eof = False  # the peer's close_notify (or EOF) was delivered
@@ -137,7 +154,7 @@ class TlsTransport(asyncio.Transport):
             self._deliver()
             return
         try:
-            self._obj.do_handshake()
+            self._ssl.do_handshake()
         except ssl.SSLWantReadError:
             self._flush()
             return
@@ -146,6 +163,7 @@ class TlsTransport(asyncio.Transport):
             self._fail(str(exc))
             return
         self._flush()
+        self._established = True
         self._done.set_result(None)
 
     def _fail(self, reason: str) -> None:
@@ -158,8 +176,11 @@ class TlsTransport(asyncio.Transport):
     # --- raw side ------------------------------------------------------------
 
     def _raw_data(self, data: bytes) -> None:
-        self._in.write(data)
-        self._step()
+        self._in_write(data)
+        if self._established:
+            self._deliver()
+        else:
+            self._step()
 
     def _raw_eof(self) -> bool:
         if not self._done.done():
@@ -181,11 +202,14 @@ class TlsTransport(asyncio.Transport):
         """Hand decrypted bytes to the protocol while it reads."""
         self._deliver_soon = False
         proto = self._proto
-        if proto is None or not self._done.done() or self._lost:
+        deliver = self._proto_data
+        if proto is None or deliver is None or not self._established or self._lost:
             return
+        read = self._ssl_read
+        bio = self._in
         while not self._paused and not self._eof:
             try:
-                data = self._obj.read(READ_CHUNK)
+                data = read(READ_CHUNK)
             except ssl.SSLWantReadError:
                 break
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
@@ -198,19 +222,24 @@ class TlsTransport(asyncio.Transport):
                 if not proto.eof_received():
                     self.close()
                 break
-            proto.data_received(data)
-            if not self._in.pending and not self._obj.pending() and not self._in.eof:
+            deliver(data)
+            if (
+                not bio.pending
+                and not bio.eof
+                and (len(data) < READ_CHUNK or not self._ssl.pending())
+            ):
                 break  # nothing left to decrypt: skip the read that would raise SSLWantReadError
         self._flush()
 
     def _flush(self) -> None:
         if self._out.pending and not self._raw.is_closing():
-            self._raw.write(self._out.read())
+            self._raw_write(self._out_read())
 
     # --- transport API -------------------------------------------------------
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._proto = cast("asyncio.Protocol", protocol)
+        self._proto_data = self._proto.data_received
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         assert self._proto is not None  # noqa: S101 - set before use
@@ -245,7 +274,7 @@ class TlsTransport(asyncio.Transport):
         if self._closing or self._lost or self._eof_sent:
             return
         try:
-            self._obj.write(data)
+            self._ssl_write(data)
         except (ssl.SSLError, OSError):
             self.abort()
             return
@@ -255,16 +284,17 @@ class TlsTransport(asyncio.Transport):
         """Encrypt every buffer, then hand the records to the raw transport in one write."""
         if self._closing or self._lost or self._eof_sent:
             return
+        encrypt = self._ssl_write
         try:
             for data in list_of_data:
-                self._obj.write(data)
+                encrypt(data)
         except (ssl.SSLError, OSError):
             self.abort()
             return
         self._flush()
 
     def can_write_eof(self) -> bool:
-        return self._done.done() and not self._lost
+        return self._established and not self._lost
 
     def write_eof(self) -> None:
         """Send close_notify and shut the raw write side; reading goes on (rule 3)."""
@@ -275,7 +305,7 @@ class TlsTransport(asyncio.Transport):
             self._raw.write_eof()
 
     def _send_close_notify(self) -> None:
-        if self._eof_sent or not self._done.done() or self._lost:
+        if self._eof_sent or not self._established or self._lost:
             return
         self._eof_sent = True
         # unwrap() queues close_notify, then wants the peer's: with memory BIOs

@@ -1,0 +1,269 @@
+"""agent.proxy.tlsio: TLS over an accepted transport, real sockets and real mTLS.
+
+The module's rules on asyncio's loop and on uvloop (the workers' loop): a server that
+read the ClientHello before it decided to terminate (`initial`), data both ways and in
+order across records of every size (one of exactly READ_CHUNK), reading paused with
+records waiting, half-close (rule 3), and bad bytes that end their own connection only
+(rule 4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import uvloop
+
+from agent.identity import ca
+from agent.identity.csr import check_csr, make_csr, new_key
+from agent.identity.names import Identity
+from agent.identity.tls import chain_pem, client_context, peer_identity, server_context
+from agent.proxy.tlsio import READ_CHUNK, TlsHandshakeError, TlsTransport
+
+if TYPE_CHECKING:
+    import ssl
+    from collections.abc import Callable, Coroutine
+    from pathlib import Path
+
+HOST = "127.0.0.1"
+CLIENT = Identity(sa="web", ns="shop")
+SERVER = Identity(sa="api", ns="shop")
+
+
+def _mesh(directory: Path) -> ca.Issuer:
+    now = datetime.now(UTC)
+    ca.create_root(directory / "root", now=now)
+    ca.create_issuer(directory / "issuer", directory / "root", now=now)
+    return ca.load_issuer(directory / "issuer", now=now)
+
+
+def _context(issuer: ca.Issuer, identity: Identity, make: Any) -> ssl.SSLContext:
+    now = datetime.now(UTC)
+    key = new_key()
+    leaf, chain, _ = issuer.sign_leaf(
+        check_csr(make_csr(key, identity), identity.dns_name), identity, now=now
+    )
+    return make(chain_pem(leaf, chain), key, issuer.bundle.pem)
+
+
+@pytest.fixture(scope="module")
+def contexts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ssl.SSLContext]:
+    issuer = _mesh(tmp_path_factory.mktemp("mesh"))
+    foreign = _mesh(tmp_path_factory.mktemp("foreign"))
+    return {
+        "client": _context(issuer, CLIENT, client_context),
+        "server": _context(issuer, SERVER, server_context),
+        "foreign_client": _context(foreign, CLIENT, client_context),
+    }
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Callable[[Callable[[], Any]], None]:
+    """Runs a test body on a fresh loop of the given kind (the workers use uvloop)."""
+
+    def runner(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        if request.param == "uvloop":
+            uvloop.run(asyncio.wait_for(body(), 20))
+        else:
+            asyncio.run(asyncio.wait_for(body(), 20))
+
+    return runner
+
+
+class _Peer(asyncio.Protocol):
+    """Records what a TLS transport delivers."""
+
+    def __init__(self, *, keep_open: bool = False) -> None:
+        self.keep_open = keep_open
+        self.data = bytearray()
+        self.grew = asyncio.Event()
+        self.eof = asyncio.Event()
+        self.lost = asyncio.Event()
+        self.lost_exc: Exception | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.data += data
+        self.grew.set()
+
+    def eof_received(self) -> bool:
+        self.eof.set()
+        return self.keep_open
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost_exc = exc
+        self.lost.set()
+
+    async def until(self, size: int) -> bytes:
+        while len(self.data) < size:
+            self.grew.clear()
+            await asyncio.wait_for(self.grew.wait(), 10)
+        return bytes(self.data)
+
+
+class _FirstChunk(asyncio.Protocol):
+    """The worker's accept: reads the first chunk, then stops reading (`Held.prefix`)."""
+
+    def __init__(self, got: asyncio.Queue[tuple[asyncio.Transport, bytes]]) -> None:
+        self.got = got
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.pause_reading()
+        self.got.put_nowait((self.transport, data))
+
+
+async def _pair(
+    contexts: dict[str, ssl.SSLContext],
+    server_peer: _Peer,
+    client_peer: _Peer,
+    client: str = "client",
+) -> tuple[TlsTransport, TlsTransport, asyncio.Server]:
+    """A client TlsTransport and the server's, made from the ClientHello it read first."""
+    loop = asyncio.get_running_loop()
+    accepted: asyncio.Queue[tuple[asyncio.Transport, bytes]] = asyncio.Queue()
+    srv = await loop.create_server(lambda: _FirstChunk(accepted), HOST, 0)
+    port = srv.sockets[0].getsockname()[1]
+    raw, _ = await loop.create_connection(asyncio.Protocol, HOST, port)
+    ctls = TlsTransport(raw, contexts[client], server_side=False, server_hostname=SERVER.dns_name)
+
+    async def server_side() -> TlsTransport:
+        sraw, prefix = await accepted.get()
+        assert prefix[:1] == b"\x16"  # a TLS handshake record: the ClientHello
+        stls = TlsTransport(sraw, contexts["server"], server_side=True, initial=prefix)
+        await stls.handshake(5)
+        return stls
+
+    try:
+        _, stls = await asyncio.gather(ctls.handshake(5), server_side())
+    except BaseException:
+        ctls.abort()
+        srv.close()
+        raise
+    for tls, peer in ((ctls, client_peer), (stls, server_peer)):
+        tls.set_protocol(peer)
+        peer.connection_made(tls)
+        tls.resume_reading()
+    return ctls, stls, srv
+
+
+def test_a_server_that_read_the_client_hello_first_terminates_and_both_sides_talk(run, contexts):
+    async def body() -> None:
+        server, client = _Peer(), _Peer()
+        ctls, stls, srv = await _pair(contexts, server, client)
+        try:
+            assert peer_identity(stls.get_extra_info("ssl_object")) == CLIENT.dns_name
+            assert peer_identity(ctls.get_extra_info("ssl_object")) == SERVER.dns_name
+            assert ctls.get_extra_info("cipher")[1] == "TLSv1.3"
+            ctls.write(b"ping")
+            assert await server.until(4) == b"ping"
+            stls.writelines([b"po", b"ng"])
+            assert await client.until(4) == b"pong"
+        finally:
+            ctls.close()
+            stls.close()
+            srv.close()
+
+    run(body)
+
+
+def test_records_of_every_size_arrive_whole_and_in_order(run, contexts):
+    sizes = [1, READ_CHUNK - 1, READ_CHUNK, READ_CHUNK + 1, 3 * READ_CHUNK, 1 << 20, 7]
+
+    async def body() -> None:
+        server, client = _Peer(), _Peer()
+        ctls, stls, srv = await _pair(contexts, server, client)
+        try:
+            sent = b"".join(bytes([i % 251]) * n for i, n in enumerate(sizes))
+            offset = 0
+            for n in sizes:  # one write per size: records of exactly READ_CHUNK among them
+                ctls.write(sent[offset : offset + n])
+                offset += n
+            assert await server.until(len(sent)) == sent
+            stls.write(sent)  # back in one write: many full records in one raw read
+            assert await client.until(len(sent)) == sent
+        finally:
+            ctls.close()
+            stls.close()
+            srv.close()
+
+    run(body)
+
+
+def test_paused_reading_keeps_records_until_resumed(run, contexts):
+    async def body() -> None:
+        server, client = _Peer(), _Peer()
+        ctls, stls, srv = await _pair(contexts, server, client)
+        try:
+            stls.pause_reading()
+            assert not stls.is_reading()
+            ctls.write(b"held")
+            await asyncio.sleep(0.2)
+            assert server.data == b""
+            stls.resume_reading()
+            assert await server.until(4) == b"held"
+        finally:
+            ctls.close()
+            stls.close()
+            srv.close()
+
+    run(body)
+
+
+def test_half_close_the_server_answers_after_the_clients_close_notify(run, contexts):
+    async def body() -> None:
+        server, client = _Peer(keep_open=True), _Peer()
+        ctls, stls, srv = await _pair(contexts, server, client)
+        try:
+            ctls.write(b"last words")
+            assert ctls.can_write_eof()
+            ctls.write_eof()
+            await asyncio.wait_for(server.eof.wait(), 5)
+            assert server.data == b"last words"
+            assert not server.lost.is_set()
+            stls.write(b"answer after eof")
+            assert await client.until(16) == b"answer after eof"
+            stls.close()
+            await asyncio.wait_for(client.eof.wait(), 5)
+            await asyncio.wait_for(client.lost.wait(), 5)
+            await asyncio.wait_for(server.lost.wait(), 5)
+        finally:
+            ctls.close()
+            stls.close()
+            srv.close()
+
+    run(body)
+
+
+def test_bytes_that_are_not_tls_end_their_connection_only(run, contexts):
+    async def body() -> None:
+        bad_server, bad_client = _Peer(), _Peer()
+        good_server, good_client = _Peer(), _Peer()
+        bad = await _pair(contexts, bad_server, bad_client)
+        good = await _pair(contexts, good_server, good_client)
+        try:
+            bad[0]._raw.write(b"\x17\x03\x03\x00\x05garbage")  # a forged record
+            await asyncio.wait_for(bad_server.lost.wait(), 5)
+            assert bad_server.data == b""
+            good[0].write(b"still fine")
+            assert await good_server.until(10) == b"still fine"
+        finally:
+            for ctls, stls, srv in (bad, good):
+                ctls.close()
+                stls.close()
+                srv.close()
+
+    run(body)
+
+
+def test_a_client_of_another_mesh_fails_the_handshake(run, contexts):
+    async def body() -> None:
+        with pytest.raises(TlsHandshakeError, match=r"tls handshake with 127\.0\.0\.1:"):
+            await _pair(contexts, _Peer(), _Peer(), client="foreign_client")
+
+    run(body)
