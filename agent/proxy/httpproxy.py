@@ -120,6 +120,11 @@ class HttpConn:
         self.stop = False  # no further request on this connection
         self._heads: dict[bytes, tuple[object, bytes]] = {}  # head as received -> (rewrite, sent)
         self._resp_heads: dict[tuple[bytes, bool, bytes, bool], HeadOut] = {}
+        # The last answer of each cache, by the identity of what decided it: parsed heads
+        # are shared objects (agent.proxy.http1), so a repeat of the last request or
+        # response is two identity checks instead of a hash and a dict lookup.
+        self._sent_for: tuple[RequestHead, object, bytes] | None = None  # (head, rewrite, sent)
+        self._answer_for: tuple[RequestHead, ResponseHead, HeadOut] | None = None
 
     def attach(self, prefix: bytes = b"", *, eof: bool = False) -> None:
         """Take over `transport` (paused) and feed what was already read."""
@@ -360,10 +365,14 @@ class HttpConn:
     def _head_bytes(self, head: RequestHead, target: Target) -> bytes:
         """The request head as sent upstream (hop-by-hop dropped, rewritten), cached."""
         rewrite = target.rewrite
+        last = self._sent_for
+        if last is not None and last[0] is head and last[1] is rewrite:
+            return last[2]
         raw = head.raw
         if raw:
             hit = self._heads.get(raw)
             if hit is not None and hit[0] is rewrite:
+                self._sent_for = (head, rewrite, hit[1])
                 return hit[1]
         headers = h1msg.strip_hop_by_hop(
             head.headers, keep=KEEP_TE if head.framing is Framing.CHUNKED else NO_KEEP
@@ -375,12 +384,16 @@ class HttpConn:
             if len(self._heads) >= _HEAD_CACHE_MAX:
                 self._heads.clear()
             self._heads[raw] = (rewrite, out)
+            self._sent_for = (head, rewrite, out)
         return out
 
     def response_head(
         self, head: RequestHead, resp: ResponseHead
     ) -> tuple[list[bytes | memoryview], bool]:
         """`response_head`, cached by what decides it (the response head as received)."""
+        last = self._answer_for
+        if last is not None and last[1] is resp and last[0] is head:
+            return last[2]
         raw = resp.raw
         if not raw:
             return response_head(head, resp)
@@ -391,6 +404,7 @@ class HttpConn:
             if len(self._resp_heads) >= _HEAD_CACHE_MAX:
                 self._resp_heads.clear()
             self._resp_heads[key] = hit
+        self._answer_for = (head, resp, hit)
         return hit
 
     # --- the coroutine path ---

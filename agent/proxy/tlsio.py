@@ -278,7 +278,8 @@ class TlsTransport(asyncio.Transport):
         except (ssl.SSLError, OSError):
             self.abort()
             return
-        self._flush()
+        if not self._raw.is_closing():  # a record is pending: no need to ask
+            self._raw_write(self._out_read())
 
     def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
         """Encrypt every buffer, then hand the records to the raw transport in one write."""

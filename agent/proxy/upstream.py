@@ -211,13 +211,22 @@ class ConnPool:
         # Typed with the one connection class it holds first, so the compiled build reads
         # its attributes directly; anything else `Pooled` (the unit tests' fakes) also works.
         self._idle: dict[Hashable, list[UpstreamConn | Pooled]] = {}
+        # The last key's list, by the key's identity: a router hands out the same key
+        # object for a destination, so most takes and releases skip hashing a tuple.
+        self._last_key: Hashable | None = None
+        self._last_idle: list[UpstreamConn | Pooled] | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self.opened = 0
         self.reused = 0
 
     def take(self, key: Hashable) -> UpstreamConn | Pooled | None:
         """A live idle connection for `key`, or None."""
-        idle = self._idle.get(key)
+        if key is self._last_key:
+            idle = self._last_idle
+        else:
+            idle = self._idle.get(key)
+            if idle is not None:
+                self._last_key, self._last_idle = key, idle
         while idle:
             conn = idle.pop()
             if conn.reusable:
@@ -246,9 +255,12 @@ class ConnPool:
             conn.close()
             return
         key = conn.pool_key
-        idle = self._idle.get(key)
-        if idle is None:
-            idle = self._idle[key] = []
+        idle = self._last_idle
+        if idle is None or key is not self._last_key:
+            idle = self._idle.get(key)
+            if idle is None:
+                idle = self._idle[key] = []
+            self._last_key, self._last_idle = key, idle
         if len(idle) >= self.max_idle:
             conn.close()
             return
@@ -260,6 +272,7 @@ class ConnPool:
 
     def _sweep(self) -> None:
         self._sweeper = None
+        self._last_key = self._last_idle = None  # the lists are replaced below
         cutoff = time.monotonic() - self.idle_timeout
         for key in list(self._idle):
             keep = [c for c in self._idle[key] if c.reusable and c.idle_since > cutoff]
@@ -286,6 +299,7 @@ class ConnPool:
             for c in conns:
                 c.close()
         self._idle.clear()
+        self._last_key = self._last_idle = None
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None

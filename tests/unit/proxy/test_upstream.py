@@ -113,3 +113,28 @@ async def test_pool_closes_connections_beyond_its_idle_limit():
     assert b.closed
     pool.close()
     assert a.closed
+
+
+async def test_pool_keys_are_equal_keys_whether_or_not_the_same_object():
+    """The pool remembers the last key's list by identity; equal keys still share it,
+    and a sweep that replaces the lists leaves no stale memory behind."""
+    pool = ConnPool(idle_timeout=60)
+    first, other = FakeConn(), FakeConn()
+    first.pool_key = ("tls", "ns", ("10.0.0.1", 80))
+    other.pool_key = ("tls", "ns", ("10.0.0.2", 80))
+    pool.release(first)
+    pool.release(other)
+    equal_key = (*first.pool_key,)  # equal, another object
+    assert equal_key is not first.pool_key
+    assert pool.take(equal_key) is first
+    assert pool.take(first.pool_key) is None  # taken: the memory is the same list
+    pool.release(first)
+    pool._sweep()  # the sweep rebuilds every key's list
+    again = FakeConn()
+    again.pool_key = first.pool_key
+    pool.release(again)  # into the swept list, not a remembered one
+    assert pool.idle_count(equal_key) == 2
+    assert pool.take(equal_key) is again
+    assert pool.take(other.pool_key) is other
+    pool.close()
+    assert first.closed
