@@ -390,7 +390,7 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
         took += f"; {opts.repeat} rounds, medians reported"
     notes.append(took)
     notes += _not_yet_notes(opts)
-    return report.document(machine(), report.combine(rows), notes)
+    return report.document(machine(), report.combine(rows), notes, measured=rows)
 
 
 def _not_yet_notes(opts: Options) -> list[str]:

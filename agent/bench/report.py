@@ -32,6 +32,13 @@ Rules:
    each measured number the median over the rounds that did not fail
    (`rounds`, and `rps_rounds` for the spread); requests and errors are
    summed. Ratios and added latency are computed from those medians.
+7. Paired ratios (`paired_ratios`, the document's `ratios_paired`): with
+   repeated rounds, every ratio of rules 2, 4 and 5 computed within each round
+   (the n-th row of a setup and load is round n; a failed row is left out of
+   its round), then the median over the rounds that had both sides. On a
+   machine whose speed drifts between minutes, a slow round slows both sides
+   of its ratios, so these are steadier than ratios of medians that pair one
+   side's fast round with the other's slow one. `{}` with one round.
 """
 
 from __future__ import annotations
@@ -303,10 +310,38 @@ def combine(rows: Sequence[Row]) -> list[Row]:
     return out
 
 
+def paired_ratios(rows: Sequence[Row]) -> dict[str, float]:
+    """Rule 7: the median over rounds of each round's own ratios; `rows` as measured,
+    before `combine`."""
+    rounds: list[list[Row]] = []
+    seen: dict[tuple[str, str], int] = {}
+    for r in rows:
+        key = (r["setup"], r["load"])
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        while len(rounds) <= n:
+            rounds.append([])
+        if not r.get("error"):
+            rounds[n].append(dict(r))
+    if len(rounds) < 2:  # one round pairs nothing
+        return {}
+    each: dict[str, list[float]] = {}
+    for round_rows in rounds:
+        add_latency_over_baseline(round_rows)
+        for name, value in ratios(round_rows).items():
+            each.setdefault(name, []).append(value)
+    return {name: round(statistics.median(values), 3) for name, values in each.items()}
+
+
 def document(
-    machine: Mapping[str, Any], rows: Sequence[Row], notes: Sequence[str]
+    machine: Mapping[str, Any],
+    rows: Sequence[Row],
+    notes: Sequence[str],
+    *,
+    measured: Sequence[Row] = (),
 ) -> dict[str, Any]:
-    """The `-o json` document."""
+    """The `-o json` document: `rows` combined (rule 6), `measured` the rows of every
+    round as measured (rule 7)."""
     rows = [dict(r) for r in rows]
     add_latency_over_baseline(rows)
     accel = accel_summary(rows)
@@ -314,6 +349,7 @@ def document(
         "machine": dict(machine),
         "results": rows,
         "ratios": ratios(rows),
+        "ratios_paired": paired_ratios(measured),
         "memory": memory_summary(rows),
         "accel": accel,
         "notes": [*notes, *accel_notes(accel)],

@@ -190,6 +190,10 @@ def _bench(args: argparse.Namespace) -> int:
     print("\nratios (meshagent / peer):")
     for key, value in doc["ratios"].items():
         print(f"  {key} = {value}")
+    if doc["ratios_paired"]:
+        print("\nratios within each round, median over rounds (steadier on a drifting machine):")
+        for key, value in doc["ratios_paired"].items():
+            print(f"  {key} = {value}")
     for key, value in doc["memory"].items():
         print(f"  memory {key}: {value}")
     for note in [*doc["notes"], why_not or f"plot: {out / 'bench.png'}", f"json: {out}/bench.json"]:

@@ -222,3 +222,33 @@ def test_a_setup_that_failed_every_round_keeps_its_error():
         {"setup": "meshagent-ebpf", "load": "*", "error": "second"},
     ]
     assert report.combine(rows) == [rows[0]]
+
+
+def test_paired_ratios_divide_within_each_round_then_take_the_median():
+    sat = "http1-saturate"
+    rows = [  # a machine that drifts: round 2 is slow for everyone
+        {"setup": "haproxy-http", "load": sat, "rps": 40000.0},
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 36000.0},
+        {"setup": "haproxy-http", "load": sat, "rps": 20000.0},
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 19000.0},
+        {"setup": "haproxy-http", "load": sat, "rps": 42000.0},
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 21000.0},
+        {"setup": "haproxy-http", "load": sat, "rps": 41000.0},
+        {"setup": "meshagent-ebpf", "load": sat, "error": "agent not ready"},
+    ]
+    name = f"http1_saturate_rps:meshagent-ebpf/haproxy-http@{sat}"
+    paired = report.paired_ratios(rows)
+    # rounds 1-3: 0.9, 0.95, 0.5; round 4 has no meshagent row and pairs nothing
+    assert paired == {name: 0.9}
+    doc = report.document({}, report.combine(rows), [], measured=rows)
+    assert doc["ratios_paired"] == paired
+    assert doc["ratios"][name] == 0.519  # medians 21000 / 40500: rounds mixed
+
+
+def test_paired_ratios_need_two_rounds():
+    rows = [
+        {"setup": "haproxy-http", "load": "http1-saturate", "rps": 40000.0},
+        {"setup": "meshagent-ebpf", "load": "http1-saturate", "rps": 36000.0},
+    ]
+    assert report.paired_ratios(rows) == {}
+    assert report.document({}, rows, [])["ratios_paired"] == {}
