@@ -18,9 +18,6 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-import uvloop
-
 from agent.proxy import httpproxy, record
 from agent.proxy.h1client import ClientSide
 from agent.proxy.http1 import RequestHead, RequestParser, ResponseParser
@@ -31,19 +28,6 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
 Run = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def run(request: pytest.FixtureRequest) -> Run:
-    """Runs a test body on a fresh loop of the given kind (the workers use uvloop)."""
-
-    def runner(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        if request.param == "uvloop":
-            uvloop.run(asyncio.wait_for(body(), 30))
-        else:
-            asyncio.run(asyncio.wait_for(body(), 30))
-
-    return runner
 
 
 # --- a scripted upstream ----------------------------------------------------------------

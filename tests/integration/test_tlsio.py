@@ -10,11 +10,11 @@ records waiting, half-close (rule 3), and bad bytes that end their own connectio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import uvloop
 
 from agent.identity import ca
 from agent.identity.csr import check_csr, make_csr, new_key
@@ -24,7 +24,7 @@ from agent.proxy.tlsio import READ_CHUNK, TlsHandshakeError, TlsTransport
 
 if TYPE_CHECKING:
     import ssl
-    from collections.abc import Callable, Coroutine
+    from collections.abc import AsyncIterator
     from pathlib import Path
 
 HOST = "127.0.0.1"
@@ -57,19 +57,6 @@ def contexts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ssl.SSLConte
         "server": _context(issuer, SERVER, server_context),
         "foreign_client": _context(foreign, CLIENT, client_context),
     }
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def run(request: pytest.FixtureRequest) -> Callable[[Callable[[], Any]], None]:
-    """Runs a test body on a fresh loop of the given kind (the workers use uvloop)."""
-
-    def runner(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        if request.param == "uvloop":
-            uvloop.run(asyncio.wait_for(body(), 20))
-        else:
-            asyncio.run(asyncio.wait_for(body(), 20))
-
-    return runner
 
 
 class _Peer(asyncio.Protocol):
@@ -118,13 +105,15 @@ class _FirstChunk(asyncio.Protocol):
         self.got.put_nowait((self.transport, data))
 
 
+@contextlib.asynccontextmanager
 async def _pair(
     contexts: dict[str, ssl.SSLContext],
     server_peer: _Peer,
     client_peer: _Peer,
     client: str = "client",
-) -> tuple[TlsTransport, TlsTransport, asyncio.Server]:
-    """A client TlsTransport and the server's, made from the ClientHello it read first."""
+) -> AsyncIterator[tuple[TlsTransport, TlsTransport]]:
+    """A client TlsTransport and the server's, made from the ClientHello it read first;
+    both closed, and the listener with them, when the block ends."""
     loop = asyncio.get_running_loop()
     accepted: asyncio.Queue[tuple[asyncio.Transport, bytes]] = asyncio.Queue()
     srv = await loop.create_server(lambda: _FirstChunk(accepted), HOST, 0)
@@ -145,18 +134,22 @@ async def _pair(
         ctls.abort()
         srv.close()
         raise
-    for tls, peer in ((ctls, client_peer), (stls, server_peer)):
-        tls.set_protocol(peer)
-        peer.connection_made(tls)
-        tls.resume_reading()
-    return ctls, stls, srv
+    try:
+        for tls, peer in ((ctls, client_peer), (stls, server_peer)):
+            tls.set_protocol(peer)
+            peer.connection_made(tls)
+            tls.resume_reading()
+        yield ctls, stls
+    finally:
+        ctls.close()
+        stls.close()
+        srv.close()
 
 
 def test_a_server_that_read_the_client_hello_first_terminates_and_both_sides_talk(run, contexts):
     async def body() -> None:
         server, client = _Peer(), _Peer()
-        ctls, stls, srv = await _pair(contexts, server, client)
-        try:
+        async with _pair(contexts, server, client) as (ctls, stls):
             assert peer_identity(stls.get_extra_info("ssl_object")) == CLIENT.dns_name
             assert peer_identity(ctls.get_extra_info("ssl_object")) == SERVER.dns_name
             assert ctls.get_extra_info("cipher")[1] == "TLSv1.3"
@@ -164,10 +157,6 @@ def test_a_server_that_read_the_client_hello_first_terminates_and_both_sides_tal
             assert await server.until(4) == b"ping"
             stls.writelines([b"po", b"ng"])
             assert await client.until(4) == b"pong"
-        finally:
-            ctls.close()
-            stls.close()
-            srv.close()
 
     run(body)
 
@@ -177,8 +166,7 @@ def test_records_of_every_size_arrive_whole_and_in_order(run, contexts):
 
     async def body() -> None:
         server, client = _Peer(), _Peer()
-        ctls, stls, srv = await _pair(contexts, server, client)
-        try:
+        async with _pair(contexts, server, client) as (ctls, stls):
             sent = b"".join(bytes([i % 251]) * n for i, n in enumerate(sizes))
             offset = 0
             for n in sizes:  # one write per size: records of exactly READ_CHUNK among them
@@ -187,10 +175,6 @@ def test_records_of_every_size_arrive_whole_and_in_order(run, contexts):
             assert await server.until(len(sent)) == sent
             stls.write(sent)  # back in one write: many full records in one raw read
             assert await client.until(len(sent)) == sent
-        finally:
-            ctls.close()
-            stls.close()
-            srv.close()
 
     run(body)
 
@@ -198,8 +182,7 @@ def test_records_of_every_size_arrive_whole_and_in_order(run, contexts):
 def test_paused_reading_keeps_records_until_resumed(run, contexts):
     async def body() -> None:
         server, client = _Peer(), _Peer()
-        ctls, stls, srv = await _pair(contexts, server, client)
-        try:
+        async with _pair(contexts, server, client) as (ctls, stls):
             stls.pause_reading()
             assert not stls.is_reading()
             ctls.write(b"held")
@@ -207,10 +190,6 @@ def test_paused_reading_keeps_records_until_resumed(run, contexts):
             assert server.data == b""
             stls.resume_reading()
             assert await server.until(4) == b"held"
-        finally:
-            ctls.close()
-            stls.close()
-            srv.close()
 
     run(body)
 
@@ -218,8 +197,7 @@ def test_paused_reading_keeps_records_until_resumed(run, contexts):
 def test_half_close_the_server_answers_after_the_clients_close_notify(run, contexts):
     async def body() -> None:
         server, client = _Peer(keep_open=True), _Peer()
-        ctls, stls, srv = await _pair(contexts, server, client)
-        try:
+        async with _pair(contexts, server, client) as (ctls, stls):
             ctls.write(b"last words")
             assert ctls.can_write_eof()
             ctls.write_eof()
@@ -232,31 +210,22 @@ def test_half_close_the_server_answers_after_the_clients_close_notify(run, conte
             await asyncio.wait_for(client.eof.wait(), 5)
             await asyncio.wait_for(client.lost.wait(), 5)
             await asyncio.wait_for(server.lost.wait(), 5)
-        finally:
-            ctls.close()
-            stls.close()
-            srv.close()
 
     run(body)
 
 
 def test_bytes_that_are_not_tls_end_their_connection_only(run, contexts):
     async def body() -> None:
-        bad_server, bad_client = _Peer(), _Peer()
-        good_server, good_client = _Peer(), _Peer()
-        bad = await _pair(contexts, bad_server, bad_client)
-        good = await _pair(contexts, good_server, good_client)
-        try:
-            bad[0]._raw.write(b"\x17\x03\x03\x00\x05garbage")  # a forged record
+        bad_server, good_server = _Peer(), _Peer()
+        async with (
+            _pair(contexts, bad_server, _Peer()) as (bad, _),
+            _pair(contexts, good_server, _Peer()) as (good, _),
+        ):
+            bad._raw.write(b"\x17\x03\x03\x00\x05garbage")  # a forged record
             await asyncio.wait_for(bad_server.lost.wait(), 5)
             assert bad_server.data == b""
-            good[0].write(b"still fine")
+            good.write(b"still fine")
             assert await good_server.until(10) == b"still fine"
-        finally:
-            for ctls, stls, srv in (bad, good):
-                ctls.close()
-                stls.close()
-                srv.close()
 
     run(body)
 
@@ -264,6 +233,7 @@ def test_bytes_that_are_not_tls_end_their_connection_only(run, contexts):
 def test_a_client_of_another_mesh_fails_the_handshake(run, contexts):
     async def body() -> None:
         with pytest.raises(TlsHandshakeError, match=r"tls handshake with 127\.0\.0\.1:"):
-            await _pair(contexts, _Peer(), _Peer(), client="foreign_client")
+            async with _pair(contexts, _Peer(), _Peer(), client="foreign_client"):
+                pass
 
     run(body)
