@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 MAX_QUEUED_EVENTS = 256
 
 
+class ClientGoneError(Exception):
+    """The client vanished or sent a broken request; the connection ends."""
+
+
 class ClientSide(asyncio.Protocol):
     """The client connection's protocol: parse requests, queue events for the connection."""
 

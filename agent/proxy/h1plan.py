@@ -17,6 +17,7 @@ from agent.proxy import h1msg, http1
 
 if TYPE_CHECKING:
     from agent.proxy.balance import Handle
+    from agent.proxy.h2pool import H2Pool
     from agent.proxy.http1 import RequestHead
     from agent.proxy.model import Route
     from agent.proxy.profile import RetryBudgetState
@@ -43,6 +44,10 @@ class Target:
     rewrite: Callable[[http1.Headers], http1.Headers] | None = None
     handle: Handle | None = None  # balancer handle: done(now, ok) when the attempt ends
     labels: Labels = field(default_factory=dict)
+    # Set: the endpoint's inbound takes HTTP/1 upgraded to h2 (agent.proxy.origproto):
+    # the pool of multiplexed connections and the key there (`open` connects either).
+    h2: H2Pool | None = None
+    h2_key: Hashable = None
 
 
 @dataclass(slots=True, kw_only=True)

@@ -15,15 +15,19 @@ Inbound (`serve_inbound`), per stream: authorize with the pod's policy for
 the port (method and path included); deny: 403 with `l5d-proxy-error`
 (gRPC: HTTP 200 trailers-only grpc-status 7); allowed: `l5d-client-id` is
 the verified identity (a client-sent copy removed) and the stream goes to
-B's app over h2 from B's netns (`inbound.app_addr`).
+B's app over h2 from B's netns (`inbound.app_addr`); a stream marked
+`l5d-orig-proto` (HTTP/1 a peer proxy upgraded) goes to the app as HTTP/1
+(agent.proxy.h2toh1).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from agent.proxy import h1msg, h2msg, h2pool, http2, inbound, outbound
+from agent.proxy import h1msg, h2msg, h2pool, http2, inbound, origproto, outbound
 from agent.proxy.h2msg import Answer, H2Headers
+from agent.proxy.h2toh1 import Downgrade
+from agent.proxy.plane import plane_of
 from agent.proxy.state import POLICY, Destination, PodInfo
 from agent.proxy.upstream import transport_opener
 
@@ -127,6 +131,7 @@ class InboundStreams:
         addr = inbound.app_addr(pod, port)
         self.key = ("h2app", pod.netns, addr)
         self.open = transport_opener(worker, netns=pod.netns, addr=addr)
+        self.downgrade = Downgrade(plane_of(worker).pool, (pod.netns, addr), self.open, self.labels)
 
     async def route(self, headers: H2Headers) -> http2.Routed | Answer:
         denied = authorize_stream(
@@ -134,11 +139,15 @@ class InboundStreams:
         )
         if denied is not None:
             return denied
+        send = h2msg.with_client_id(headers, self.facts.client_identity)
+        request = origproto.downgrade_request(send)
         return http2.Routed(
             key=self.key,
             open=self.open,
-            headers=h2msg.with_client_id(headers, self.facts.client_identity),
+            headers=send,
             labels=self.labels,
+            h1=self.downgrade if request is not None else None,
+            h1_request=request,
         )
 
 

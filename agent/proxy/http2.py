@@ -47,6 +47,10 @@ Rules:
    a finished stream holds no reference cycle (`H2Stream.discard`), so reference
    counting frees it, not the collector.
 
+9. Inbound, a stream marked `l5d-orig-proto` (an HTTP/1 request a peer proxy
+   upgraded) goes to the app as HTTP/1 (agent.proxy.h2toh1), after the same
+   authorization.
+
 The pieces: agent.proxy.h2stream (a stream and what its queue holds),
 agent.proxy.h2conn (a connection), agent.proxy.h2pool (upstream connections),
 agent.proxy.h2codec (the protocol, sans-I/O), agent.proxy.h2hpack (HPACK).
@@ -78,7 +82,9 @@ from agent.proxy.h2stream import (
     StreamGoneError,
     Trailers,
 )
+from agent.proxy.h2toh1 import Downgrade  # noqa: TC001 - a field type, see below
 from agent.proxy.model import Route  # noqa: TC001 - a field type, see below
+from agent.proxy.origproto import Downgraded  # noqa: TC001 - a field type, see below
 from agent.proxy.profile import classify
 from agent.proxy.record import REQUEST, Labels, recorder
 from agent.proxy.upstream import UpstreamError
@@ -106,6 +112,9 @@ class Routed:
     route: Route | None = None
     timeout_s: float | None = None
     labels: Labels = field(default_factory=dict)
+    # Inbound, an upgraded HTTP/1 request (`l5d-orig-proto`): the app gets it as HTTP/1.
+    h1: Downgrade | None = None
+    h1_request: Downgraded | None = None
 
 
 class StreamRouter(Protocol):
@@ -157,7 +166,7 @@ async def serve(
     return count
 
 
-async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> None:  # noqa: C901 - one stream's life, in order
+async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> None:  # noqa: C901, PLR0912 - one stream's life, in order
     """Serve one request stream end to end (rules 1-5, 7)."""
     loop = down.conn.loop
     t0 = loop.time()
@@ -173,6 +182,9 @@ async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> No
             return
         routed = got
         recorder().request(router.direction, routed.labels)
+        if routed.h1 is not None and routed.h1_request is not None:  # rule 9
+            await routed.h1.serve(down, routed.h1_request, t0)
+            return
         deadline = t0 + routed.timeout_s if routed.timeout_s is not None else None
         try:
             async with _NO_TIMEOUT if deadline is None else asyncio.timeout_at(deadline):

@@ -57,7 +57,8 @@ import contextvars
 import logging
 from typing import cast
 
-from agent.proxy import h1msg, writes
+from agent.proxy import h1msg, h1toh2, writes
+from agent.proxy.h1client import ClientGoneError as _ClientGoneError
 from agent.proxy.h1client import ClientSide
 from agent.proxy.h1fast import (
     KEEP_TE,
@@ -78,6 +79,7 @@ from agent.proxy.http1 import (
     RequestHead,
     ResponseHead,
 )
+from agent.proxy.origproto import upgradable
 from agent.proxy.profile import classify, should_retry
 from agent.proxy.record import REQUEST, BoundHttp, Labels, recorder
 from agent.proxy.upstream import ConnPool, UpstreamError
@@ -90,10 +92,6 @@ COALESCE_LIMIT = 16 * 1024  # body bytes copied to join a head in one write; mor
 _HEAD_CACHE_MAX = 32  # request heads (as received -> as sent) cached per connection
 
 __all__ = ["HttpConn", "Opener", "Plan", "Reject", "Router", "Target", "reject", "serve"]
-
-
-class _ClientGoneError(Exception):
-    """The client vanished or sent a broken request; the connection ends."""
 
 
 class HttpConn:
@@ -125,6 +123,9 @@ class HttpConn:
         # response is two identity checks instead of a hash and a dict lookup.
         self._sent_for: tuple[RequestHead, object, bytes] | None = None  # (head, rewrite, sent)
         self._answer_for: tuple[RequestHead, ResponseHead, HeadOut] | None = None
+        self.h2_memo = h1toh2.Memo()  # upgraded requests' h2 headers (agent.proxy.h1toh2)
+        self.h2_lane = h1toh2.next_lane()  # and the h2 connection they go on (its rule 5)
+        self._drain: asyncio.Future[None] | None = None  # `client_drained` waits on it
 
     def attach(self, prefix: bytes = b"", *, eof: bool = False) -> None:
         """Take over `transport` (paused) and feed what was already read."""
@@ -153,11 +154,27 @@ class HttpConn:
         if up is not None:
             up.abort()  # a callback exchange learns of it from the upstream's connection_lost
         self.down.wake()
+        self._wake_drain()
         if self.fast is None:
             self._unpark()
 
+    def _wake_drain(self) -> None:
+        fut = self._drain
+        if fut is not None:
+            self._drain = None
+            if not fut.done():
+                fut.set_result(None)
+
+    async def client_drained(self) -> None:
+        """Until the client's transport takes writes again (or the client is gone)."""
+        while self.write_paused and not self.down.lost:
+            self._drain = self.loop.create_future()
+            await self._drain
+
     def client_write_paused(self, *, paused: bool) -> None:
         self.write_paused = paused
+        if not paused:
+            self._wake_drain()
         up = self.current
         if up is not None and up.transport is not None and not up.lost:
             if paused:
@@ -310,8 +327,8 @@ class HttpConn:
             self.stop = not (self.answer(target, t0, plan.labels) and head.keep_alive)
             return True
         assert type(target) is Target  # noqa: S101 - narrowing for mypy
-        up = self.pool.take(target.key)
-        if up is None:
+        up = self.pool.take(target.key) if target.h2 is None else None
+        if up is None:  # no idle connection, or upgraded to h2 (agent.proxy.h1toh2)
             self._hand_off(Handoff(head, t0, plan, target), n)
             return False
         up = cast("UpstreamConn", up)
@@ -444,7 +461,7 @@ class HttpConn:
         deadline = t0 + plan.timeout_s if plan.timeout_s is not None else None
         return await self._attempts(head, plan, replay, t0=t0, deadline=deadline, first=first)
 
-    async def _attempts(  # noqa: PLR0913 - the facts of one request
+    async def _attempts(  # noqa: C901, PLR0913 - the facts of one request, its attempts in order
         self,
         head: RequestHead,
         plan: Plan,
@@ -467,10 +484,10 @@ class HttpConn:
             recorder().request(self.router.direction, target.labels or plan.labels)
             try:
                 if deadline is None:
-                    up, exch, resp = await self._send(target, head, replay)
+                    got = await self._send_either(target, head, replay)
                 else:
                     async with asyncio.timeout_at(deadline):
-                        up, exch, resp = await self._send(target, head, replay)
+                        got = await self._send_either(target, head, replay)
             except TimeoutError:
                 self._abandon(target)
                 return await self._fail(head, target, 504, "request timed out", t0)
@@ -479,6 +496,15 @@ class HttpConn:
                 if self._may_retry(plan, replay, err.status, attempt):
                     continue
                 return await self._fail(head, target, err.status, str(err), t0)
+            if isinstance(got, h1toh2.Upgraded):
+                failure = classify(route, got.status)
+                if failure and self._may_retry(plan, replay, got.status, attempt):
+                    h1toh2.cancel(got)
+                    self._abandon(target)
+                    continue
+                keep = await h1toh2.respond(self, head, target, got, t0=t0, failure=failure)
+                return keep and head.keep_alive
+            up, exch, resp = got
             failure = classify(route, resp.status)
             if failure and self._may_retry(plan, replay, resp.status, attempt):
                 self._abandon(target)
@@ -495,7 +521,7 @@ class HttpConn:
 
     def _abandon(self, target: Target) -> None:
         """The attempt failed or is dropped: report it, drop its upstream connection."""
-        self._end_handle(target, ok=False)
+        self.end_handle(target, ok=False)
         self._drop_current()
 
     async def _fail(
@@ -511,6 +537,17 @@ class HttpConn:
             self.body_done = await self._skip_body_safely()
         answer = reject(status, message, close=not self.body_done)
         return self.answer(answer, t0, target.labels) and head.keep_alive
+
+    async def _send_either(
+        self, target: Target, head: RequestHead, replay: bytes | None
+    ) -> tuple[UpstreamConn, Exchange, ResponseHead] | h1toh2.Upgraded:
+        """Send the attempt upgraded to h2 when its target and the request allow, else
+        as HTTP/1 (`_send`)."""
+        if target.h2 is not None and upgradable(head):
+            got = await h1toh2.send(self, target, head, replay)
+            if got is not None:
+                return got
+        return await self._send(target, head, replay)
 
     async def _send(
         self, target: Target, head: RequestHead, replay: bytes | None
@@ -635,12 +672,12 @@ class HttpConn:
         try:
             await exch.wait_end()
         except UpstreamError:
-            self._end_handle(target, ok=False)
+            self.end_handle(target, ok=False)
             self._drop_current()
             self.transport.abort()
             raise _ClientGoneError from None
         now = self.loop.time()
-        self._end_handle(target, ok=not failure)
+        self.end_handle(target, ok=not failure)
         up.finish()
         self.current = None
         if resp.keep_alive and up.reusable:
@@ -656,7 +693,7 @@ class HttpConn:
         )
         return keep
 
-    def _end_handle(self, target: Target, *, ok: bool) -> None:
+    def end_handle(self, target: Target, *, ok: bool) -> None:
         if target.handle is not None:
             target.handle.done(self.loop.time(), ok)
 

@@ -14,7 +14,10 @@ Flow per connection (DESIGN.md "Flows", inbound):
    once per connection, a denied connection is closed; HTTP/1 per request and
    HTTP/2 per stream (agent.proxy.h2route), a denied request gets 403 (gRPC:
    status 7 with HTTP 200). `l5d-client-id` is set from the verified identity;
-   a client-sent copy is always removed.
+   a client-sent copy is always removed. HTTP/1 that a peer proxy sent
+   upgraded (h2 streams marked `l5d-orig-proto`) is authorized per stream and
+   reaches the app as HTTP/1 (agent.proxy.h2toh1), also on a port whose policy
+   says HTTP/1: over mTLS the first bytes tell h2 from HTTP/1 there.
 4. Allowed traffic goes to B's app at B's pod IP and the original port, from
    a socket made inside B's netns with the proxy mark (so capture skips it).
    Chosen over 127.0.0.1 as Linkerd does since 2.11 (linkerd2#6495): ports
@@ -526,7 +529,15 @@ async def _serve(  # noqa: PLR0913 - the facts of one connection
 ) -> None:
     proto: Protocol | None = Protocol.OPAQUE
     if not opaque:
-        if policy.protocol is ProxyProtocol.HTTP1:
+        if policy.protocol is ProxyProtocol.HTTP1 and facts.tls:
+            # A meshed peer may send the app's HTTP/1 upgraded to h2 (l5d-orig-proto,
+            # agent.proxy.h2toh1): whether it did, the first bytes say.
+            proto, prefix, eof = await read_prefix(
+                transport, prefix, eof=eof, decide=_detect, timeout=policy.detect_timeout_s
+            )
+            if proto is not Protocol.HTTP2:
+                proto = Protocol.HTTP1
+        elif policy.protocol is ProxyProtocol.HTTP1:
             proto = Protocol.HTTP1
         elif policy.protocol in (ProxyProtocol.HTTP2, ProxyProtocol.GRPC):
             proto = Protocol.HTTP2

@@ -23,6 +23,12 @@ Flow per connection (DESIGN.md "Flows", outbound):
      whose listener accepted), SNI and exact peer identity = `tls_identity`;
      no usable certificate: 502 / close (fail closed);
    - otherwise plain TCP from A's netns.
+   With `--h2-upgrade on` (off by default: bench/RESULTS.md, fourteenth
+   pass), an HTTP/1 request to a meshed endpoint that Destination hints `h2`
+   (its inbound is a Linkerd-compatible proxy) goes upgraded to an h2 stream
+   marked `l5d-orig-proto` (agent.proxy.origproto, agent.proxy.h1toh2), on
+   the worker's multiplexed h2 connection to that endpoint; what cannot be
+   upgraded (origproto rule 1) goes as HTTP/1 inside mTLS.
    Upstream sockets are made in A's netns with the proxy mark; the peer
    node's capture sends them to the peer pod's inbound listener.
 """
@@ -37,9 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
 from agent.policy.authorize import Facts, parse_ip
-from agent.proxy import h1msg, h2route, http1, httpproxy, inbound
+from agent.proxy import h1msg, h2pool, h2route, http1, httpproxy, inbound
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NeedMore, Protocol, detect
+from agent.proxy.h2pool import H2Pool  # noqa: TC001 - an attribute type of a compiled class
+from agent.proxy.model import ProtocolHint
 from agent.proxy.plane import DstEntry, plane_of, read_prefix
 from agent.proxy.profile import match_route
 from agent.proxy.record import recorder
@@ -48,6 +56,7 @@ from agent.proxy.upstream import TransportOpener, UpstreamError, start_relay, tr
 
 if TYPE_CHECKING:
     import ssl
+    from collections.abc import Hashable
 
     from agent.proxy.balance import EndpointStats, Handle
     from agent.proxy.model import Endpoint, Route
@@ -402,6 +411,7 @@ class OutboundRouter:
             open=hop_opener(self.worker, hop),
             rewrite=rewrite,
             labels={**labels, "dst_addr": f"{ep.addr[0]}:{ep.addr[1]}", "hop": hop.kind},
+            worker=self.worker,
         )
         if len(self._choices) >= _CACHE_MAX:
             self._choices.clear()
@@ -430,6 +440,8 @@ class _Choice:
         "ep",
         "expires",
         "gen",
+        "h2",
+        "h2_key",
         "hop",
         "labels",
         "material",
@@ -450,6 +462,7 @@ class _Choice:
         open: httpproxy.Opener,  # noqa: A002 - the Target field's name
         rewrite: Any,
         labels: dict[str, str],
+        worker: Worker,
     ) -> None:
         self.gen = gen  # the state generation it was checked against
         self.ep = ep
@@ -462,6 +475,10 @@ class _Choice:
         self.rewrite = rewrite
         self.labels = labels
         self.authz: tuple[tuple[str, str, int], dict[str, Any]] | None = None  # local hops
+        # HTTP/1 goes upgraded to h2 (rule 4): an mTLS hop to an endpoint hinted `h2`.
+        upgrade = worker.h2_upgrade and hop.kind == "mtls" and ep.protocol_hint is ProtocolHint.H2
+        self.h2: H2Pool | None = h2pool.pool_of(worker) if upgrade else None
+        self.h2_key: Hashable = ("h2", *hop.key) if upgrade else None
 
 
 class _Lane:
@@ -499,6 +516,8 @@ class _Lane:
             rewrite=choice.rewrite,
             handle=handle,
             labels=choice.labels,
+            h2=choice.h2,
+            h2_key=choice.h2_key,
         )
 
 

@@ -60,6 +60,7 @@ class WorkerOptions:
     idle_timeout_s: float = 3600.0
     connect_timeout_s: float = 5.0
     stats_interval_s: float = 5.0
+    h2_upgrade: bool = False  # HTTP/1 to endpoints hinted h2 goes as h2 (agent.proxy.h1toh2)
     plugins: tuple[str, ...] = ("agent.proxy.dataplane",)  # the mesh data path
     log_level: str = "info"
     python: str = sys.executable
@@ -79,6 +80,8 @@ class WorkerOptions:
             f"--stats-interval={self.stats_interval_s}",
             f"--log-level={self.log_level}",
         ]
+        if self.h2_upgrade:
+            argv.append("--h2-upgrade")
         argv.extend(f"--plugin={p}" for p in self.plugins)
         return argv
 

@@ -337,8 +337,10 @@ class Worker:
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
         stats_interval: float = DEFAULT_STATS_INTERVAL_S,
+        h2_upgrade: bool = False,
     ) -> None:
         self.worker_id = worker_id
+        self.h2_upgrade = h2_upgrade  # agent.proxy.h1toh2, agent.proxy.outbound rule 4
         self.grace_s = grace_s
         self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
@@ -614,6 +616,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S)
     p.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S)
     p.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL_S)
+    p.add_argument("--h2-upgrade", action="store_true")
     p.add_argument("--plugin", action="append", default=[])
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
@@ -637,6 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         idle_timeout=args.idle_timeout or None,
         connect_timeout=args.connect_timeout,
         stats_interval=args.stats_interval,
+        h2_upgrade=args.h2_upgrade,
     )
     directory = os.environ.get(PROFILE_ENV)
     if directory:

@@ -144,6 +144,7 @@ class Supervisor:
             s.workers,
             options=WorkerOptions(
                 grace_s=s.grace,
+                h2_upgrade=s.h2_upgrade,
                 plugins=s.worker_plugins,
                 log_level=s.log_level,
             ),

@@ -70,6 +70,12 @@ RUN_OPTIONS: tuple[Option, ...] = (
     ),
     Option(flag="--grace", parse=config.parse_seconds, default="30s", help="drain time on SIGTERM"),
     Option(
+        flag="--h2-upgrade",
+        parse=config.choice("on", "off"),
+        default="off",
+        help="send HTTP/1 to endpoints hinted h2 as h2 streams (l5d-orig-proto), as Linkerd does",
+    ),
+    Option(
         flag="--identity-dir",
         parse=config.parse_dir,
         help="ca.crt and token-signing key (embedded control plane, token minting)",
@@ -126,6 +132,7 @@ class RunSettings:
     workers: int = 1
     admin_addr: tuple[str, int] = ("0.0.0.0", config.ADMIN_PORT)
     grace: float = 30.0
+    h2_upgrade: bool = False
     identity_dir: Path | None = None
     trust_anchors: Path | None = None
     token_source: str = "mint"  # noqa: S105 - a source name, not a secret
@@ -178,6 +185,7 @@ class RunSettings:
             workers=values["workers"] or os.cpu_count() or 1,
             admin_addr=values["admin_addr"],
             grace=values["grace"],
+            h2_upgrade=values["h2_upgrade"] == "on",
             identity_dir=identity_dir,
             trust_anchors=Path(trust),
             token_source=values["token_source"],

@@ -23,6 +23,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 import pytest_asyncio
 
@@ -39,10 +42,19 @@ from agent.policy.model import (
     ProxyProtocol,
     ServerPolicy,
 )
-from agent.proxy import h1msg, http1
+from agent.proxy import h1msg, h1toh2, http1
 from agent.proxy.channel import StateUpdate
 from agent.proxy.listener import ListenerKind, open_pod_listeners
-from agent.proxy.model import Endpoint, MatchAll, MethodIs, PathRegex, Profile, RetryBudget, Route
+from agent.proxy.model import (
+    Endpoint,
+    MatchAll,
+    MethodIs,
+    PathRegex,
+    Profile,
+    ProtocolHint,
+    RetryBudget,
+    Route,
+)
 from agent.proxy.pool import WorkerOptions, WorkerPool
 from agent.proxy.state import Destination, NodeInfo, PodInfo, TlsMaterial
 from agent.redirect import netns
@@ -66,6 +78,7 @@ VIP_RETRY = "10.96.0.16"  # a good and a failing endpoint on n2
 VIP_DETECT = "10.96.0.17"  # echo on n2, protocol detected (not marked opaque)
 VIP_HC_REMOTE = "10.96.0.18"  # opaque delayed echo on n2 (half-close across nodes, mTLS)
 VIP_HC_LOCAL = "10.96.0.19"  # opaque delayed echo on n1 (half-close, same-node path)
+VIP_H2 = "10.96.0.20"  # web2:8080 hinted h2: HTTP/1 goes upgraded (l5d-orig-proto)
 
 
 # --- PKI ---------------------------------------------------------------------------
@@ -108,7 +121,7 @@ class HttpApp(asyncio.Protocol):
         self.name = name
         self.hits = hits
         self.failing = failing
-        self.parser = http1.RequestParser()
+        self.parser = http1.RequestParser(decode_chunked=True)
         self.head = None
         self.body = 0
 
@@ -135,9 +148,17 @@ class HttpApp(asyncio.Protocol):
             await asyncio.sleep(1.0)
         if path.startswith("/fail") and self.failing:
             status = 500
-        payload = json.dumps(
-            {"server": self.name, "client_id": cid.decode() if cid else None, "len": body_len}
-        ).encode()
+        seen = {"server": self.name, "client_id": cid.decode() if cid else None, "len": body_len}
+        seen["marked"] = h1msg.get_header(head.headers, b"l5d-orig-proto") is not None
+        payload = json.dumps(seen).encode()
+        if path.startswith("/chunked"):  # the JSON in two chunks, then a trailer
+            half = len(payload) // 2
+            self.transport.write(
+                h1msg.response_head_bytes(status, [(b"transfer-encoding", b"chunked")])
+                + b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\nx-end: 1\r\n\r\n"
+                % (half, payload[:half], len(payload) - half, payload[half:])
+            )
+            return
         self.transport.write(
             h1msg.response_head_bytes(status, [(b"content-length", b"%d" % len(payload))]) + payload
         )
@@ -317,7 +338,9 @@ async def world(module_lab, pki):
             build_spec(pod=f"shop/{name}", netns=p.netns, pod_ip=p.ip, pod_annotations={})
         )
     for node in ("n1", "n2"):
-        options = WorkerOptions(stats_interval_s=0.5, grace_s=2.0, log_level="warning")
+        options = WorkerOptions(
+            stats_interval_s=0.5, grace_s=2.0, log_level="warning", h2_upgrade=node == "n1"
+        )
         pool = WorkerPool(1, options=options, on_need=w.on_need(node))
         w.pools[node] = pool
         await pool.start(ready_timeout=20)
@@ -411,6 +434,20 @@ async def world(module_lab, pki):
             authority="wrong.shop.svc.cluster.local:80",
             exists=True,
             endpoints=(ep(web2, 8080, OTHER),),
+        ),
+    )
+    w.push(
+        "n1",
+        ("dst", f"{VIP_H2}:80"),
+        Destination(
+            target=f"{VIP_H2}:80",
+            authority="h2.shop.svc.cluster.local:80",
+            exists=True,
+            endpoints=(
+                Endpoint(
+                    addr=(web2.ip, 8080), tls_identity=WEB.dns_name, protocol_hint=ProtocolHint.H2
+                ),
+            ),
         ),
     )
     for vip, pod in ((VIP_HC_REMOTE, web2), (VIP_HC_LOCAL, web1)):
@@ -507,6 +544,7 @@ async def test_same_node_path_needs_no_tls_and_enforces_the_target_policy(world)
                 "server": "web1:8080",
                 "client_id": ALPHA.dns_name,
                 "len": 0,
+                "marked": False,
             }
         status, head, _ = await cb.request("/local")  # beta is not allowed on web1:8080
         assert status == 403
@@ -702,7 +740,12 @@ async def test_not_a_mesh_service_is_forwarded_to_the_original_destination(world
     try:
         status, _, body = await c.request("/plain")
         assert status == 200
-        assert json.loads(body) == {"server": "c:7000", "client_id": None, "len": 0}
+        assert json.loads(body) == {
+            "server": "c:7000",
+            "client_id": None,
+            "len": 0,
+            "marked": False,
+        }
     finally:
         c.close()
 
@@ -882,7 +925,138 @@ async def test_chunked_request_body_streams_through(world):
             while not got.endswith(b"}"):
                 got += await c.reader.read(65536)
         assert got.startswith(b"HTTP/1.1 200")
-        # the app parses raw (chunk framing kept), so it counts the wire bytes: all of them
-        assert json.loads(got.partition(b"\r\n\r\n")[2])["len"] == len(body)
+        # the app decodes the chunks: every payload byte arrived, framing intact
+        assert json.loads(got.partition(b"\r\n\r\n")[2])["len"] == sum(map(len, chunks))
     finally:
         c.close()
+
+
+# --- HTTP/1 upgraded to h2 between the proxies (l5d-orig-proto) ------------------------
+
+
+async def test_http1_to_an_endpoint_hinted_h2_crosses_upgraded_and_answers_as_http1(world):
+    c = await Client.connect(world.pods["a"], (VIP_H2, 80))
+    c.parser = http1.ResponseParser(decode_chunked=True)
+    try:
+        status, head, body = await c.request("/up")
+        assert status == 200
+        seen = {"server": "web2:8080", "client_id": ALPHA.dns_name, "len": 0, "marked": False}
+        assert json.loads(body) == seen
+        assert h1msg.get_header(head.headers, b"l5d-orig-proto") is None
+        assert head.content_length == len(body)
+        big = secrets.token_bytes(200_000)  # past the stream's window: flow control both ways
+        status, _, body = await c.request("/post", body=big, method=b"POST")
+        assert (status, json.loads(body)["len"]) == (200, len(big))
+        status, head, body = await c.request("/chunked")  # chunked by the app, DATA between
+        assert status == 200
+        assert head.framing is http1.Framing.CHUNKED  # no length known: chunked again
+        assert json.loads(body) == seen
+        status, head, body = await c.request("/head", method=b"HEAD")
+        assert (status, body) == (200, b"")
+    finally:
+        c.close()
+
+
+def _established_to(addr: tuple[str, int]) -> int:
+    """Established TCP connections of this thread's netns to `addr` (IPv4)."""
+    ip = socket.inet_aton(addr[0])[::-1].hex().upper()
+    want = f"{ip}:{addr[1]:04X}"
+    with Path("/proc/thread-self/net/tcp").open() as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return sum(1 for r in rows if r[2] == want and r[3] == "01")
+
+
+async def test_concurrent_http1_clients_share_one_upgraded_connection(world):
+    web2 = (world.pods["web2"].ip, 8080)
+    netns_a = world.pods["a"].netns
+    before = await netns.run_in_async(netns_a, lambda: _established_to(web2))
+    clients = [await Client.connect(world.pods["a"], (VIP_H2, 80)) for _ in range(12)]
+    try:
+        calls = [asyncio.ensure_future(c.request("/slow")) for c in clients]
+        await asyncio.sleep(0.5)  # every request is in flight: the app holds each for 1 s
+        during = await netns.run_in_async(netns_a, lambda: _established_to(web2))
+        answers = await asyncio.gather(*calls)
+    finally:
+        for c in clients:
+            c.close()
+    assert [status for status, _, _ in answers] == [200] * 12
+    # HTTP/1 between the proxies would hold a connection per request in flight; the
+    # worker's h2 lanes to the endpoint (agent.proxy.h1toh2 rule 5) carry all 12.
+    assert during - before <= h1toh2.LANES < 12
+
+
+async def _h2_to_web2(world, headers, body: bytes):
+    """A TLS + h2 client (hyper-h2) from the unmeshed pod c at web2:8080, as another
+    Linkerd proxy would call it: the response's headers and body."""
+    ctx = _client_ctx(world.pki.material(ALPHA))
+    sock = await raw_connect(world.pods["c"], (world.pods["web2"].ip, 8080))
+    reader, writer = await asyncio.open_connection(
+        sock=sock, ssl=ctx, server_hostname=WEB.dns_name, ssl_handshake_timeout=5
+    )
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=True, header_encoding=None)
+    )
+    conn.initiate_connection()
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(sid, headers, end_stream=not body)
+    if body:
+        conn.send_data(sid, body, end_stream=True)
+    writer.write(conn.data_to_send())
+    got: dict = {}
+    data_in = b""
+    try:
+        async with asyncio.timeout(10):
+            while True:
+                data = await reader.read(65536)
+                assert data, "connection closed before the stream ended"
+                for ev in conn.receive_data(data):
+                    if isinstance(ev, h2.events.ResponseReceived):
+                        got = dict(ev.headers)
+                    elif isinstance(ev, h2.events.DataReceived):
+                        data_in += ev.data
+                        conn.acknowledge_received_data(ev.flow_controlled_length, sid)
+                    elif isinstance(ev, h2.events.StreamEnded | h2.events.StreamReset):
+                        return got, data_in
+                writer.write(conn.data_to_send())
+    finally:
+        writer.close()
+
+
+async def test_inbound_gives_a_marked_h2_stream_to_the_http1_app_and_marks_the_answer(world):
+    headers = [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":authority", b"web"),
+        (b":path", b"/chunked"),
+        (b"l5d-orig-proto", b"HTTP/1.1"),
+        (b"l5d-client-id", b"forged.example"),
+    ]
+    got, body = await _h2_to_web2(world, headers, b"y" * 1000)  # no length: chunked to the app
+    assert got[b":status"] == b"200"
+    assert got[b"l5d-orig-proto"] == b"HTTP/1.1"
+    assert b"transfer-encoding" not in got
+    assert json.loads(body) == {
+        "server": "web2:8080",
+        "client_id": ALPHA.dns_name,  # the verified identity, not the forged one
+        "len": 1000,
+        "marked": False,
+    }
+
+
+async def test_inbound_applies_policy_to_marked_streams(world):
+    key = ("policy", "shop/web2", 8080)
+    world.push("n2", key, allow_identities(BETA, name="beta-only"))
+    try:
+        await asyncio.sleep(0.3)
+        headers = [
+            (b":method", b"GET"),
+            (b":scheme", b"http"),
+            (b":authority", b"web"),
+            (b":path", b"/denied"),
+            (b"l5d-orig-proto", b"HTTP/1.1"),
+        ]
+        got, _ = await _h2_to_web2(world, headers, b"")
+        assert got[b":status"] == b"403"
+        assert not any(h[1] == "/denied" for h in world.hits)
+    finally:
+        world.push("n2", key, ServerPolicy.default("all-authenticated"))

@@ -1,0 +1,39 @@
+"""`meshagent run` settings: flags and their MESHAGENT_* mirrors into RunSettings."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from agent import config
+from agent.errors import SettingError
+from agent.proxy.pool import WorkerOptions
+from agent.supervisor.settings import RUN_OPTIONS, RunSettings
+
+
+def _settings(tmp_path, argv: list[str], env: dict[str, str] | None = None) -> RunSettings:
+    (tmp_path / "ca.crt").write_text("trust")
+    (tmp_path / "pods").mkdir(exist_ok=True)
+    parser = argparse.ArgumentParser()
+    config.add_options(parser, RUN_OPTIONS)
+    base = ["--control-plane", "embedded", "--pods-from", f"manifests:{tmp_path / 'pods'}"]
+    args = parser.parse_args([*base, "--identity-dir", str(tmp_path), *argv])
+    return RunSettings.from_values(config.resolve(args, env or {}, RUN_OPTIONS))
+
+
+def test_h2_upgrade_is_off_unless_asked_and_reaches_the_worker_command(tmp_path):
+    assert not _settings(tmp_path, []).h2_upgrade
+    assert _settings(tmp_path, ["--h2-upgrade", "on"]).h2_upgrade
+    assert _settings(tmp_path, [], {"MESHAGENT_H2_UPGRADE": "on"}).h2_upgrade
+    assert not _settings(
+        tmp_path, ["--h2-upgrade", "off"], {"MESHAGENT_H2_UPGRADE": "on"}
+    ).h2_upgrade
+    assert "--h2-upgrade" in WorkerOptions(h2_upgrade=True).argv(3, 0)
+    assert "--h2-upgrade" not in WorkerOptions().argv(3, 0)
+
+
+def test_a_bad_h2_upgrade_value_names_the_variable(tmp_path):
+    with pytest.raises(SettingError, match="MESHAGENT_H2_UPGRADE") as err:
+        _settings(tmp_path, [], {"MESHAGENT_H2_UPGRADE": "yes"})
+    assert "on, off" in str(err.value)
