@@ -1060,3 +1060,24 @@ async def test_inbound_applies_policy_to_marked_streams(world):
         assert not any(h[1] == "/denied" for h in world.hits)
     finally:
         world.push("n2", key, ServerPolicy.default("all-authenticated"))
+
+
+async def test_a_port_whose_policy_says_http1_takes_marked_streams_and_plain_http1(world):
+    key = ("policy", "shop/web2", 8080)
+    http1_only = replace(ServerPolicy.default("all-authenticated"), protocol=ProxyProtocol.HTTP1)
+    world.push("n2", key, http1_only)
+    try:
+        await asyncio.sleep(0.3)
+        headers = [
+            (b":method", b"GET"),
+            (b":scheme", b"http"),
+            (b":authority", b"web"),
+            (b":path", b"/h1port"),
+            (b"l5d-orig-proto", b"HTTP/1.1"),
+        ]
+        got, body = await _h2_to_web2(world, headers, b"")
+        assert (got[b":status"], json.loads(body)["client_id"]) == (b"200", ALPHA.dns_name)
+        plain = await _tls_to_web2(world, _client_ctx(world.pki.material(ALPHA)))
+        assert plain.startswith(b"HTTP/1.1 200")
+    finally:
+        world.push("n2", key, ServerPolicy.default("all-authenticated"))
