@@ -159,11 +159,8 @@ class HttpConn:
             self._unpark()
 
     def _wake_drain(self) -> None:
-        fut = self._drain
-        if fut is not None:
-            self._drain = None
-            if not fut.done():
-                fut.set_result(None)
+        fut, self._drain = self._drain, None
+        _wake(fut)
 
     async def client_drained(self) -> None:
         """Until the client's transport takes writes again (or the client is gone)."""
@@ -183,11 +180,8 @@ class HttpConn:
                 up.transport.resume_reading()
 
     def _unpark(self) -> None:
-        fut = self.parked
-        if fut is not None:
-            self.parked = None
-            if not fut.done():
-                fut.set_result(None)
+        fut, self.parked = self.parked, None
+        _wake(fut)
 
     # the coroutine
     async def serve(self) -> None:
@@ -713,6 +707,12 @@ class HttpConn:
             failure=reject.status >= 500,
         )
         return not reject.close
+
+
+def _wake(fut: asyncio.Future[None] | None) -> None:
+    """Resolve a waiter the coroutine sleeps on, if it is still waiting."""
+    if fut is not None and not fut.done():
+        fut.set_result(None)
 
 
 async def serve(

@@ -14,6 +14,7 @@ Each pool gets the state its node's supervisor would push.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import socket
@@ -1023,14 +1024,7 @@ async def _h2_to_web2(world, headers, body: bytes):
 
 
 async def test_inbound_gives_a_marked_h2_stream_to_the_http1_app_and_marks_the_answer(world):
-    headers = [
-        (b":method", b"POST"),
-        (b":scheme", b"http"),
-        (b":authority", b"web"),
-        (b":path", b"/chunked"),
-        (b"l5d-orig-proto", b"HTTP/1.1"),
-        (b"l5d-client-id", b"forged.example"),
-    ]
+    headers = [*_marked(b"POST", b"/chunked"), (b"l5d-client-id", b"forged.example")]
     got, body = await _h2_to_web2(world, headers, b"y" * 1000)  # no length: chunked to the app
     assert got[b":status"] == b"200"
     assert got[b"l5d-orig-proto"] == b"HTTP/1.1"
@@ -1043,41 +1037,40 @@ async def test_inbound_gives_a_marked_h2_stream_to_the_http1_app_and_marks_the_a
     }
 
 
-async def test_inbound_applies_policy_to_marked_streams(world):
+def _marked(method: bytes, path: bytes) -> list[tuple[bytes, bytes]]:
+    """An upgraded HTTP/1.1 request's h2 headers, as a peer proxy sends them."""
+    return [
+        (b":method", method),
+        (b":scheme", b"http"),
+        (b":authority", b"web"),
+        (b":path", path),
+        (b"l5d-orig-proto", b"HTTP/1.1"),
+    ]
+
+
+@contextlib.asynccontextmanager
+async def _web2_8080_policy(world, policy: ServerPolicy):
+    """web2:8080 under `policy` for the block, then back to the world's default."""
     key = ("policy", "shop/web2", 8080)
-    world.push("n2", key, allow_identities(BETA, name="beta-only"))
+    world.push("n2", key, policy)
     try:
         await asyncio.sleep(0.3)
-        headers = [
-            (b":method", b"GET"),
-            (b":scheme", b"http"),
-            (b":authority", b"web"),
-            (b":path", b"/denied"),
-            (b"l5d-orig-proto", b"HTTP/1.1"),
-        ]
-        got, _ = await _h2_to_web2(world, headers, b"")
-        assert got[b":status"] == b"403"
-        assert not any(h[1] == "/denied" for h in world.hits)
+        yield
     finally:
         world.push("n2", key, ServerPolicy.default("all-authenticated"))
+
+
+async def test_inbound_applies_policy_to_marked_streams(world):
+    async with _web2_8080_policy(world, allow_identities(BETA, name="beta-only")):
+        got, _ = await _h2_to_web2(world, _marked(b"GET", b"/denied"), b"")
+        assert got[b":status"] == b"403"
+        assert not any(h[1] == "/denied" for h in world.hits)
 
 
 async def test_a_port_whose_policy_says_http1_takes_marked_streams_and_plain_http1(world):
-    key = ("policy", "shop/web2", 8080)
     http1_only = replace(ServerPolicy.default("all-authenticated"), protocol=ProxyProtocol.HTTP1)
-    world.push("n2", key, http1_only)
-    try:
-        await asyncio.sleep(0.3)
-        headers = [
-            (b":method", b"GET"),
-            (b":scheme", b"http"),
-            (b":authority", b"web"),
-            (b":path", b"/h1port"),
-            (b"l5d-orig-proto", b"HTTP/1.1"),
-        ]
-        got, body = await _h2_to_web2(world, headers, b"")
+    async with _web2_8080_policy(world, http1_only):
+        got, body = await _h2_to_web2(world, _marked(b"GET", b"/h1port"), b"")
         assert (got[b":status"], json.loads(body)["client_id"]) == (b"200", ALPHA.dns_name)
         plain = await _tls_to_web2(world, _client_ctx(world.pki.material(ALPHA)))
         assert plain.startswith(b"HTTP/1.1 200")
-    finally:
-        world.push("n2", key, ServerPolicy.default("all-authenticated"))
