@@ -149,6 +149,8 @@ class ClientSide(asyncio.Protocol):
         while not self.events:
             if self.lost or self.eof:
                 return None
-            self._waiter = asyncio.get_running_loop().create_future()
+            conn = self.conn  # its loop: asyncio.get_running_loop() is a getpid() in 3.11
+            loop = conn.loop if conn is not None else asyncio.get_running_loop()
+            self._waiter = loop.create_future()
             await self._waiter
         return self.pop()

@@ -56,12 +56,14 @@ class Exchange:
         "head",
         "interim",
         "interim_to",
+        "loop",
         "pending",
     )
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, interim_to: asyncio.Transport | None
     ) -> None:
+        self.loop = loop
         self.head: asyncio.Future[ResponseHead] = loop.create_future()
         # Made only when the shell must wait for the end (`wait_end`): most small
         # responses have ended by the time their head is forwarded.
@@ -133,7 +135,7 @@ class Exchange:
             UpstreamError: the upstream failed after the head.
         """
         if self.error is None and not self.ended:
-            self.done = asyncio.get_running_loop().create_future()
+            self.done = self.loop.create_future()
             await self.done
         if self.error is not None:
             raise self.error
@@ -153,6 +155,7 @@ class UpstreamConn(asyncio.Protocol):
         "eof",
         "exch",
         "idle_since",
+        "loop",
         "lost",
         "parser",
         "pool_key",
@@ -170,6 +173,8 @@ class UpstreamConn(asyncio.Protocol):
         self.eof = False
         self.write_paused = False
         self._drain: asyncio.Future[None] | None = None
+        # Kept once: asyncio.get_running_loop() is a getpid() in CPython 3.11 (http2 rule 8).
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     # protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -224,7 +229,7 @@ class UpstreamConn(asyncio.Protocol):
     async def drained(self) -> None:
         """Until the write buffer is below low water (or the connection is gone)."""
         while self.write_paused and not self.lost:
-            self._drain = asyncio.get_running_loop().create_future()
+            self._drain = self._loop().create_future()
             await self._drain
 
     # pool API
@@ -252,11 +257,16 @@ class UpstreamConn(asyncio.Protocol):
 
     def begin(self, method: bytes, interim_to: asyncio.Transport | None) -> Exchange:
         """Start an awaited exchange for a request with `method`."""
-        loop = asyncio.get_running_loop()
-        exch = Exchange(loop, interim_to)
+        exch = Exchange(self._loop(), interim_to)
         self.exch = exch
         self.parser.expect(method)
         return exch
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
+        return loop
 
     def begin_with(self, sink: CallbackExchange, method: bytes) -> None:
         """Start an exchange whose events go to `sink` (the callback path)."""
