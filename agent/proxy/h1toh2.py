@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agent.proxy import h1msg, origproto
+from agent.proxy import h1msg, h2msg, origproto
 from agent.proxy.h1client import ClientGoneError
 from agent.proxy.h2stream import CANCEL, Data, End, H2Stream, Head, StreamGoneError, Trailers
 from agent.proxy.http1 import BodyData, Framing, MessageEnd, ProtocolError, RequestHead
@@ -114,22 +114,19 @@ async def send(
     try:
         if replay:
             await stream.send_data(replay, end=True)
-        elif bodiless:
-            if not conn.body_done and not conn.down.take_end():
-                await _body(conn, stream)  # only the end is left to read
-        elif not conn.body_done:
-            await _body(conn, stream)
+        elif not conn.body_done and not (bodiless and conn.down.take_end()):
+            await _body(conn, stream)  # bodiless: only the end is left to read
         conn.body_done = True
         item = await stream.next()
         if not isinstance(item, Head):
             raise UpstreamError("upstream", f"h2 response began with {type(item).__name__}")  # noqa: TRY301
     except StreamGoneError as exc:
-        _close(stream)
+        stream.close()
         raise UpstreamError("upstream", f"h2 stream reset ({exc.code})") from None
     except BaseException:
-        _close(stream)
+        stream.close()
         raise
-    return Upgraded(stream, item, _status(item.headers))
+    return Upgraded(stream, item, h2msg.status_of(item.headers) or 502)
 
 
 async def _body(conn: HttpConn, stream: H2Stream) -> None:
@@ -172,7 +169,7 @@ async def respond(  # noqa: PLR0913 - the facts of one response
         conn.transport.abort()
         raise ClientGoneError from None
     finally:
-        _close(stream)
+        stream.close()
     conn.end_handle(target, ok=not failure)
     recorder().response(
         conn.router.direction,
@@ -213,18 +210,4 @@ async def _body_out(conn: HttpConn, stream: H2Stream, out: bytes, *, chunked: bo
 
 def cancel(got: Upgraded) -> None:
     """Drop an attempt whose response is not used (retried)."""
-    _close(got.stream)
-
-
-def _close(stream: H2Stream) -> None:
-    if stream.gone is None and not (stream.local_ended and stream.remote_ended):
-        stream.reset(CANCEL)
-    stream.discard()
-    stream.conn.forget(stream)
-
-
-def _status(headers: H2Headers) -> int:
-    for key, value in headers:
-        if key == b":status":
-            return int(value) if value.isdigit() else 502
-    return 502
+    got.stream.close()

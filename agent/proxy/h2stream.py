@@ -255,6 +255,14 @@ class H2Stream:
         if self.gone is not None:
             self.items.append(Reset(self.gone))
 
+    def close(self) -> None:
+        """The handler is done with the stream: reset it unless it ended both ways, hand
+        back its window (`discard`), and take it off its connection."""
+        if self.gone is None and not (self.local_ended and self.remote_ended):
+            self.reset(CANCEL)
+        self.discard()
+        self.conn.forget(self)
+
     @property
     def bodiless(self) -> bool:
         """The peer ended the stream and nothing but the end is left to read."""

@@ -72,20 +72,21 @@ class Downgrade:
         try:
             up, exch = await self._send(down, request)
         except UpstreamError as exc:
-            answer = h2msg.answer_for(exc.status, str(exc), grpc=False)
-            down.send_headers(h2msg.answer_headers(answer), end=True)
-            self._record(exc.status, loop.time() - t0)
+            self._fail(down, exc, loop.time() - t0)
             return
         try:
             resp = await exch.head
-            await self._respond(down, up, exch, resp)
         except UpstreamError as exc:
             up.abort()
-            if not exch.head.done() or exch.head.exception() is not None:
-                answer = h2msg.answer_for(exc.status, str(exc), grpc=False)
-                down.send_headers(h2msg.answer_headers(answer), end=True)
-                self._record(exc.status, loop.time() - t0)
-                return
+            self._fail(down, exc, loop.time() - t0)
+            return
+        except BaseException:
+            up.abort()
+            raise
+        try:
+            await self._respond(down, up, exch, resp)
+        except UpstreamError:
+            up.abort()
             down.reset(ErrorCode.INTERNAL_ERROR)
             self._record(resp.status, loop.time() - t0)
             return
@@ -174,6 +175,12 @@ class Downgrade:
             finally:
                 sink.waiter = None
                 exch.done = None
+
+    def _fail(self, down: H2Stream, exc: UpstreamError, latency_s: float) -> None:
+        """No response head from the app: the proxy answers (rule 4)."""
+        answer = h2msg.answer_for(exc.status, str(exc), grpc=False)
+        down.send_headers(h2msg.answer_headers(answer), end=True)
+        self._record(exc.status, latency_s)
 
     def _record(self, status: int, latency_s: float) -> None:
         failure = classify(None, status, None)

@@ -222,17 +222,9 @@ async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> No
             pump.cancel()
         if routed is not None and routed.handle is not None:
             routed.handle.cancel()  # no-op when done already
-        _close(down)
+        down.close()
         if up is not None:
-            _close(up)
-
-
-def _close(stream: H2Stream) -> None:
-    """The stream's task is over: reset it unless it ended both ways; free its window."""
-    if stream.gone is None and not (stream.local_ended and stream.remote_ended):
-        stream.reset(CANCEL)
-    stream.discard()
-    stream.conn.forget(stream)
+            up.close()
 
 
 def _link(down: H2Stream, up: H2Stream) -> asyncio.Task[int | None] | None:

@@ -515,6 +515,13 @@ async def _terminate(
     return tlsx, identity
 
 
+_DECLARED = {  # a policy's declared protocol, as served (the others are detected)
+    ProxyProtocol.HTTP1: Protocol.HTTP1,
+    ProxyProtocol.HTTP2: Protocol.HTTP2,
+    ProxyProtocol.GRPC: Protocol.HTTP2,
+}
+
+
 async def _serve(  # noqa: PLR0913 - the facts of one connection
     conn: Conn,
     transport: asyncio.Transport,
@@ -529,22 +536,15 @@ async def _serve(  # noqa: PLR0913 - the facts of one connection
 ) -> None:
     proto: Protocol | None = Protocol.OPAQUE
     if not opaque:
-        if policy.protocol is ProxyProtocol.HTTP1 and facts.tls:
-            # A meshed peer may send the app's HTTP/1 upgraded to h2 (l5d-orig-proto,
-            # agent.proxy.h2toh1): whether it did, the first bytes say.
-            proto, prefix, eof = await read_prefix(
+        proto = _DECLARED.get(policy.protocol)  # None: detect
+        # Over mTLS, a port declared HTTP/1 may get a peer proxy's HTTP/1 upgraded to h2
+        # (l5d-orig-proto, agent.proxy.h2toh1): whether it did, the first bytes say.
+        if proto is None or (proto is Protocol.HTTP1 and facts.tls):
+            found, prefix, eof = await read_prefix(
                 transport, prefix, eof=eof, decide=_detect, timeout=policy.detect_timeout_s
             )
-            if proto is not Protocol.HTTP2:
-                proto = Protocol.HTTP1
-        elif policy.protocol is ProxyProtocol.HTTP1:
-            proto = Protocol.HTTP1
-        elif policy.protocol in (ProxyProtocol.HTTP2, ProxyProtocol.GRPC):
-            proto = Protocol.HTTP2
-        else:
-            proto, prefix, eof = await read_prefix(
-                transport, prefix, eof=eof, decide=_detect, timeout=policy.detect_timeout_s
-            )
+            if proto is None or found is Protocol.HTTP2:
+                proto = found
     if proto is Protocol.HTTP1:
         router = InboundRouter(
             conn.worker,

@@ -30,7 +30,7 @@ Rules:
 from __future__ import annotations
 
 from agent.proxy import h1msg
-from agent.proxy.h2msg import H2Headers, header
+from agent.proxy.h2msg import H2Headers, header, status_of
 from agent.proxy.http1 import Framing, Headers, RequestHead, ResponseHead
 
 ORIG_PROTO = b"l5d-orig-proto"
@@ -76,10 +76,7 @@ def upgrade_request(head: RequestHead, headers: Headers) -> H2Headers | None:
         (b":authority", authority),
         (b":path", path),
     ]
-    for key, value in h1msg.strip_hop_by_hop(headers):
-        name = key.lower()
-        if name not in _DROP:  # a client's own mark included
-            out.append((name, value))
+    _add_fields(out, headers)  # a client's own mark dropped too
     mark = b"HTTP/" + head.version
     out.append((ORIG_PROTO, mark + ABSOLUTE if absolute else mark))
     return out
@@ -93,8 +90,7 @@ def downgrade_response(
     Returns (head bytes, chunked: the body must be chunk-encoded, keep the client
     connection). `end`: the response ended with its headers.
     """
-    raw = header(headers, b":status")
-    status = int(raw) if raw is not None and raw.isdigit() else 502
+    status = status_of(headers) or 502
     fields: Headers = [(k, v) for k, v in headers if k[:1] != b":" and k != ORIG_PROTO]
     keep = request.keep_alive and request.version == b"1.1"
     chunked = False
@@ -162,10 +158,7 @@ def downgrade_request(headers: H2Headers) -> Downgraded | None:
 def upgrade_response(head: ResponseHead) -> H2Headers:
     """The app's HTTP/1 response as the h2 response to an upgraded request (rules 2, 4)."""
     out: H2Headers = [(b":status", b"%d" % head.status)]
-    for key, value in h1msg.strip_hop_by_hop(head.headers):
-        name = key.lower()
-        if name not in _DROP:
-            out.append((name, value))
+    _add_fields(out, head.headers)
     out.append((ORIG_PROTO, b"HTTP/" + head.version))
     return out
 
@@ -188,6 +181,15 @@ def last_chunk(trailers: H2Headers | None = None) -> bytes:
             parts += (key, b": ", value, b"\r\n")
     parts.append(b"\r\n")
     return b"".join(parts)
+
+
+def _add_fields(out: H2Headers, headers: Headers) -> None:
+    """HTTP/1 fields as h2 fields (rule 2): connection-specific ones, Host and any
+    `l5d-orig-proto` dropped, names lowercased."""
+    for key, value in h1msg.strip_hop_by_hop(headers):
+        name = key.lower()
+        if name not in _DROP:
+            out.append((name, value))
 
 
 def _has_body(status: int, method: bytes) -> bool:
