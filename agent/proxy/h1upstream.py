@@ -58,6 +58,7 @@ class Exchange:
         "interim_to",
         "loop",
         "pending",
+        "trailers",
     )
 
     def __init__(
@@ -75,6 +76,8 @@ class Exchange:
         self.got_bytes = False
         self.interim = False
         self.interim_to = interim_to  # the client, when it waits for `100 Continue`
+        # A decoded chunked body's trailers (agent.proxy.h2toh1 sends them on as h2's).
+        self.trailers: http1.Headers | None = None
 
     def on_events(self, events: list[http1.Event]) -> None:
         for ev in events:
@@ -97,6 +100,7 @@ class Exchange:
                 self.interim = False
                 return
             self.ended = True
+            self.trailers = ev.trailers
             done = self.done
             if self.down is not None and done is not None and not done.done():
                 done.set_result(None)

@@ -16,7 +16,8 @@ Rules:
    `content-length`), each DATA acknowledged once written; the response head
    is read after the body was sent, as the HTTP/1 path does.
 3. A response that arrived whole goes out as HEADERS + one DATA with
-   END_STREAM; a longer one is sent as it arrives, and the app connection's
+   END_STREAM (or trailers: a chunked body's become the stream's, origproto
+   rule 5); a longer one is sent as it arrives, and the app connection's
    reading pauses while more than `HIGH_WATER` bytes wait for the stream's window.
 4. Failures before the response head answer 502 (`l5d-proxy-error`), as the
    HTTP/2 path does; after it, the stream is reset and the app connection
@@ -143,11 +144,11 @@ class Downgrade:
         if exch.ended:  # the whole response is here
             body = b"".join(exch.pending)
             exch.pending.clear()
-            if body:
-                down.send_headers(headers)
-                await down.send_data(body, end=True)
-            else:
+            if not body and not exch.trailers:
                 down.send_headers(headers, end=True)
+                return
+            down.send_headers(headers)
+            await _last(down, exch, body)
             return
         down.send_headers(headers)
         sink = _Sink(up)
@@ -157,15 +158,15 @@ class Downgrade:
             if sink.parts:
                 data = b"".join(sink.parts)
                 sink.take()
-                end = exch.ended
-                await down.send_data(data, end=end)
-                if end:
+                if exch.ended:
+                    await _last(down, exch, data)
                     return
+                await down.send_data(data)
                 continue
             if exch.error is not None:
                 raise exch.error
             if exch.ended:
-                down.end()
+                await _last(down, exch, b"")
                 return
             fut: asyncio.Future[None] = loop.create_future()
             sink.waiter = fut
@@ -187,6 +188,18 @@ class Downgrade:
         recorder().response(
             "inbound", self.labels, status=status, latency_s=latency_s, failure=failure
         )
+
+
+async def _last(down: H2Stream, exch: Exchange, body: bytes) -> None:
+    """The end of the stream's response: its last bytes, then the app's trailers if it
+    sent any (origproto rule 5), else END_STREAM on the last DATA."""
+    tail = exch.trailers
+    if body:
+        await down.send_data(body, end=not tail)
+    if tail:
+        down.send_headers(origproto.upgrade_trailers(tail), end=True)
+    elif not body:
+        down.end()
 
 
 async def _body_in(down: H2Stream, up: UpstreamConn, *, chunked: bool) -> None:

@@ -25,6 +25,9 @@ Rules:
    delimited by close for an HTTP/1.0 client.
 4. `l5d-orig-proto` never reaches an app or a client: the downgrade removes
    it from the request, the upgrading proxy from the response.
+5. Trailers cross both ways: an h2 message's trailers end the chunked HTTP/1
+   body written for it (`last_chunk`), and a chunked HTTP/1 body's trailers
+   become the stream's trailers (`upgrade_trailers`), under rule 2.
 """
 
 from __future__ import annotations
@@ -160,6 +163,13 @@ def upgrade_response(head: ResponseHead) -> H2Headers:
     out: H2Headers = [(b":status", b"%d" % head.status)]
     _add_fields(out, head.headers)
     out.append((ORIG_PROTO, b"HTTP/" + head.version))
+    return out
+
+
+def upgrade_trailers(trailers: Headers) -> H2Headers:
+    """A chunked HTTP/1 body's trailers as h2 trailers (rules 2, 5)."""
+    out: H2Headers = []
+    _add_fields(out, trailers)
     return out
 
 

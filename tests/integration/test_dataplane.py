@@ -216,6 +216,7 @@ class Client:
     def __init__(self, reader, writer) -> None:
         self.reader, self.writer = reader, writer
         self.parser = http1.ResponseParser()
+        self.trailers = None  # the last response's, when the parser decodes chunks
 
     @classmethod
     async def connect(cls, pod, addr: tuple[str, int]) -> Client:
@@ -243,6 +244,7 @@ class Client:
                     elif isinstance(ev, http1.BodyData):
                         chunks.append(bytes(ev.data))
                     elif isinstance(ev, http1.MessageEnd):
+                        self.trailers = ev.trailers
                         return status, rhead, b"".join(chunks)
                     else:
                         raise AssertionError(ev)  # noqa: TRY004 - a test's dispatch
@@ -952,6 +954,7 @@ async def test_http1_to_an_endpoint_hinted_h2_crosses_upgraded_and_answers_as_ht
         assert status == 200
         assert head.framing is http1.Framing.CHUNKED  # no length known: chunked again
         assert json.loads(body) == seen
+        assert c.trailers == [(b"x-end", b"1")]  # the app's trailer, as h2's between nodes
         status, head, body = await c.request("/head", method=b"HEAD")
         assert (status, body) == (200, b"")
     finally:
@@ -988,7 +991,7 @@ async def test_concurrent_http1_clients_share_one_upgraded_connection(world):
 
 async def _h2_to_web2(world, headers, body: bytes):
     """A TLS + h2 client (hyper-h2) from the unmeshed pod c at web2:8080, as another
-    Linkerd proxy would call it: the response's headers and body."""
+    Linkerd proxy would call it: the response's headers, body and trailers."""
     ctx = _client_ctx(world.pki.material(ALPHA))
     sock = await raw_connect(world.pods["c"], (world.pods["web2"].ip, 8080))
     reader, writer = await asyncio.open_connection(
@@ -1005,6 +1008,7 @@ async def _h2_to_web2(world, headers, body: bytes):
     writer.write(conn.data_to_send())
     got: dict = {}
     data_in = b""
+    trailers: dict = {}
     try:
         async with asyncio.timeout(10):
             while True:
@@ -1013,11 +1017,13 @@ async def _h2_to_web2(world, headers, body: bytes):
                 for ev in conn.receive_data(data):
                     if isinstance(ev, h2.events.ResponseReceived):
                         got = dict(ev.headers)
+                    elif isinstance(ev, h2.events.TrailersReceived):
+                        trailers = dict(ev.headers)
                     elif isinstance(ev, h2.events.DataReceived):
                         data_in += ev.data
                         conn.acknowledge_received_data(ev.flow_controlled_length, sid)
                     elif isinstance(ev, h2.events.StreamEnded | h2.events.StreamReset):
-                        return got, data_in
+                        return got, data_in, trailers
                 writer.write(conn.data_to_send())
     finally:
         writer.close()
@@ -1025,10 +1031,11 @@ async def _h2_to_web2(world, headers, body: bytes):
 
 async def test_inbound_gives_a_marked_h2_stream_to_the_http1_app_and_marks_the_answer(world):
     headers = [*_marked(b"POST", b"/chunked"), (b"l5d-client-id", b"forged.example")]
-    got, body = await _h2_to_web2(world, headers, b"y" * 1000)  # no length: chunked to the app
+    got, body, trailers = await _h2_to_web2(world, headers, b"y" * 1000)  # chunked to the app
     assert got[b":status"] == b"200"
     assert got[b"l5d-orig-proto"] == b"HTTP/1.1"
     assert b"transfer-encoding" not in got
+    assert trailers == {b"x-end": b"1"}  # the app's chunked trailer, as the stream's
     assert json.loads(body) == {
         "server": "web2:8080",
         "client_id": ALPHA.dns_name,  # the verified identity, not the forged one
@@ -1062,7 +1069,7 @@ async def _web2_8080_policy(world, policy: ServerPolicy):
 
 async def test_inbound_applies_policy_to_marked_streams(world):
     async with _web2_8080_policy(world, allow_identities(BETA, name="beta-only")):
-        got, _ = await _h2_to_web2(world, _marked(b"GET", b"/denied"), b"")
+        got, _, _ = await _h2_to_web2(world, _marked(b"GET", b"/denied"), b"")
         assert got[b":status"] == b"403"
         assert not any(h[1] == "/denied" for h in world.hits)
 
@@ -1070,7 +1077,7 @@ async def test_inbound_applies_policy_to_marked_streams(world):
 async def test_a_port_whose_policy_says_http1_takes_marked_streams_and_plain_http1(world):
     http1_only = replace(ServerPolicy.default("all-authenticated"), protocol=ProxyProtocol.HTTP1)
     async with _web2_8080_policy(world, http1_only):
-        got, body = await _h2_to_web2(world, _marked(b"GET", b"/h1port"), b"")
+        got, body, _ = await _h2_to_web2(world, _marked(b"GET", b"/h1port"), b"")
         assert (got[b":status"], json.loads(body)["client_id"]) == (b"200", ALPHA.dns_name)
         plain = await _tls_to_web2(world, _client_ctx(world.pki.material(ALPHA)))
         assert plain.startswith(b"HTTP/1.1 200")

@@ -179,3 +179,18 @@ def test_chunks_and_trailers():
     assert origproto.chunk(b"") == b""
     assert origproto.last_chunk() == b"0\r\n\r\n"
     assert origproto.last_chunk([(b"grpc-status", b"0")]) == b"0\r\ngrpc-status: 0\r\n\r\n"
+
+
+def test_a_chunked_bodys_trailers_become_h2_trailers():
+    parser = ResponseParser(decode_chunked=True)
+    parser.expect(b"GET")
+    events = parser.feed(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"2\r\nhi\r\n0\r\nX-Digest: abc\r\nConnection: close\r\nServer-Timing: db;dur=3\r\n\r\n"
+    )
+    trailers = events[-1].trailers
+    assert origproto.upgrade_trailers(trailers) == [
+        (b"x-digest", b"abc"),  # lowercased; the connection-specific field dropped
+        (b"server-timing", b"db;dur=3"),
+    ]
+    assert origproto.upgrade_trailers([]) == []
