@@ -110,22 +110,17 @@ def tls_contexts(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext, str]:
     """Client and server mTLS contexts from a fresh mesh CA in `directory`, and the
     server's identity (what the client expects)."""
     from agent.identity import ca  # noqa: PLC0415 - only with --tls
-    from agent.identity.csr import check_csr, make_csr, new_key  # noqa: PLC0415
     from agent.identity.names import Identity  # noqa: PLC0415
-    from agent.identity.tls import chain_pem, client_context, server_context  # noqa: PLC0415
+    from agent.identity.tls import client_context, server_context  # noqa: PLC0415
 
     now = datetime.now(UTC)
-    ca.create_root(directory / "root", now=now)
-    ca.create_issuer(directory / "issuer", directory / "root", now=now)
-    issuer = ca.load_issuer(directory / "issuer", now=now)
+    issuer = ca.create_mesh(directory, now=now)
     made: list[ssl.SSLContext] = []
     server = Identity(sa="api", ns="shop")
     sides = ((Identity(sa="web", ns="shop"), client_context), (server, server_context))
     for identity, context in sides:
-        key = new_key()
-        info = check_csr(make_csr(key, identity), identity.dns_name)
-        leaf, chain, _ = issuer.sign_leaf(info, identity, now=now)
-        made.append(context(chain_pem(leaf, chain), key, issuer.bundle.pem))
+        chain, key, _ = issuer.workload(identity, now=now)
+        made.append(context(chain, key, issuer.bundle.pem))
     return made[0], made[1], server.dns_name
 
 

@@ -63,7 +63,9 @@ from agent.identity.chain import (
     path_length,
     verify_chain,
 )
+from agent.identity.csr import check_csr, make_csr, new_key
 from agent.identity.pki import Created, create_issuer, create_root, inspect
+from agent.identity.tls import chain_pem
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -81,6 +83,7 @@ __all__ = [
     "Issuer",
     "TrustBundle",
     "create_issuer",
+    "create_mesh",
     "create_root",
     "describe",
     "inspect",
@@ -158,6 +161,16 @@ class Issuer:
         der = leaf.public_bytes(serialization.Encoding.DER)
         return der, self.chain_der, leaf.not_valid_after_utc
 
+    def workload(
+        self, identity: Identity, *, now: datetime, lifetime: timedelta = ISSUANCE_LIFETIME
+    ) -> tuple[bytes, ec.EllipticCurvePrivateKey, datetime]:
+        """A fresh key for `identity` and its certificate chain (PEM), as a proxy obtains
+        them from the identity service (key, CSR, checked, signed), and its notAfter."""
+        key = new_key()
+        info = check_csr(make_csr(key, identity), identity.dns_name)
+        leaf, chain, valid_until = self.sign_leaf(info, identity, now=now, lifetime=lifetime)
+        return chain_pem(leaf, chain), key, valid_until
+
 
 def issuer_from_pem(
     cert_pem: bytes,
@@ -196,3 +209,17 @@ def load_issuer(directory: str | Path, *, now: datetime | None = None) -> Issuer
     cert_pem = files.read_bytes(d / ISSUER_CRT)
     key_pem = files.read_bytes(d / ISSUER_KEY)
     return issuer_from_pem(cert_pem, key_pem, bundle, now=now or datetime.now(UTC), where=str(d))
+
+
+def create_mesh(
+    directory: str | Path, *, created: datetime | None = None, now: datetime | None = None
+) -> Issuer:
+    """A new trust anchor (`root/`) and issuer (`issuer/`) under `directory`, both made
+    at `created` (default `now`), and the issuer loaded at `now` (default: the clock).
+    A throwaway mesh CA, for tests and benchmarks."""
+    d = Path(directory)
+    now = now or datetime.now(UTC)
+    made = created or now
+    create_root(d / "root", now=made)
+    create_issuer(d / "issuer", d / "root", now=made)
+    return load_issuer(d / "issuer", now=now)

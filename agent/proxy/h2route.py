@@ -146,8 +146,7 @@ class InboundStreams:
             open=self.open,
             headers=send,
             labels=self.labels,
-            h1=self.downgrade if request is not None else None,
-            h1_request=request,
+            h1=(self.downgrade, request) if request is not None else None,
         )
 
 

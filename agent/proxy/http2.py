@@ -112,9 +112,9 @@ class Routed:
     route: Route | None = None
     timeout_s: float | None = None
     labels: Labels = field(default_factory=dict)
-    # Inbound, an upgraded HTTP/1 request (`l5d-orig-proto`): the app gets it as HTTP/1.
-    h1: Downgrade | None = None
-    h1_request: Downgraded | None = None
+    # Inbound, an upgraded HTTP/1 request (`l5d-orig-proto`): the way to the app over
+    # HTTP/1 and the request it stands for.
+    h1: tuple[Downgrade, Downgraded] | None = None
 
 
 class StreamRouter(Protocol):
@@ -182,8 +182,9 @@ async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> No
             return
         routed = got
         recorder().request(router.direction, routed.labels)
-        if routed.h1 is not None and routed.h1_request is not None:  # rule 9
-            await routed.h1.serve(down, routed.h1_request, t0)
+        if routed.h1 is not None:  # rule 9
+            way, request = routed.h1
+            await way.serve(down, request, t0)
             return
         deadline = t0 + routed.timeout_s if routed.timeout_s is not None else None
         try:

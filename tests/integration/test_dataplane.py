@@ -32,9 +32,8 @@ import pytest_asyncio
 
 from agent import native
 from agent.identity import ca
-from agent.identity.csr import check_csr, make_csr, new_key
 from agent.identity.names import Identity
-from agent.identity.tls import SealedKey, chain_pem, client_context, seal
+from agent.identity.tls import SealedKey, client_context, seal
 from agent.policy.model import (
     Authorization,
     MeshTLS,
@@ -88,23 +87,18 @@ VIP_H2 = "10.96.0.20"  # web2:8080 hinted h2: HTTP/1 goes upgraded (l5d-orig-pro
 class Pki:
     def __init__(self, tmp) -> None:
         self.now = datetime.now(UTC)
-        past = self.now - timedelta(days=2)
-        ca.create_root(tmp / "root", now=past)
-        ca.create_issuer(tmp / "issuer", tmp / "root", now=past)
-        self.issuer = ca.load_issuer(tmp / "issuer", now=self.now)
+        self.issuer = ca.create_mesh(tmp, created=self.now - timedelta(days=2), now=self.now)
         self.trust = self.issuer.bundle.pem
 
     def material(self, ident: Identity, *, expired: bool = False) -> TlsMaterial:
-        key = new_key()
-        info = check_csr(make_csr(key, ident), ident.dns_name)
         when = self.now - timedelta(days=1) if expired else self.now
-        leaf, chain, until = self.issuer.sign_leaf(
-            info, ident, now=when, lifetime=timedelta(hours=1 if expired else 24)
+        chain, key, until = self.issuer.workload(
+            ident, now=when, lifetime=timedelta(hours=1 if expired else 24)
         )
         sealed = seal(key)
         return TlsMaterial(
             identity=ident.dns_name,
-            cert_chain_pem=chain_pem(leaf, chain),
+            cert_chain_pem=chain,
             key_pem=sealed.pem,
             key_password=sealed.password,
             trust_pem=self.trust,
@@ -292,6 +286,16 @@ def allow_identities(*idents: Identity, name="only") -> ServerPolicy:
     )
 
 
+def _service(w: World, target: str, name: str, *endpoints: Endpoint, opaque=False) -> None:
+    """Node n1's answer for `target` ("ip:port" or a name): service `name`'s endpoints."""
+    port = target.rsplit(":", 1)[1]
+    authority = f"{name}.shop.svc.cluster.local:{port}"
+    dst = Destination(
+        target=target, authority=authority, exists=True, opaque=opaque, endpoints=endpoints
+    )
+    w.push("n1", ("dst", target), dst)
+
+
 class World:
     def __init__(self, lab, pki) -> None:
         self.lab, self.pki = lab, pki
@@ -378,93 +382,18 @@ async def world(module_lab, pki):
     w.push("n2", ("tls", WEB.dns_name), pki.material(WEB))
     web2, web1 = pods["web2"], pods["web1"]
     ep = lambda pod, port, ident=WEB: Endpoint(addr=(pod.ip, port), tls_identity=ident.dns_name)  # noqa: E731
-    w.push(
-        "n1",
-        ("dst", f"{VIP_WEB}:80"),
-        Destination(
-            target=f"{VIP_WEB}:80",
-            authority="web.shop.svc.cluster.local:80",
-            exists=True,
-            endpoints=(ep(web2, 8080),),
-        ),
+    _service(w, f"{VIP_WEB}:80", "web", ep(web2, 8080))
+    _service(w, "web.shop.svc.cluster.local:80", "web", ep(web2, 8080))
+    _service(w, f"{VIP_LOCAL}:80", "local", ep(web1, 8080))
+    _service(w, f"{VIP_ECHO}:9000", "echo", ep(web2, 9000), opaque=True)
+    _service(w, f"{VIP_DETECT}:9000", "echo2", ep(web2, 9000))
+    _service(w, f"{VIP_WRONG}:80", "wrong", ep(web2, 8080, OTHER))
+    hinted = Endpoint(
+        addr=(web2.ip, 8080), tls_identity=WEB.dns_name, protocol_hint=ProtocolHint.H2
     )
-    w.push(
-        "n1",
-        ("dst", "web.shop.svc.cluster.local:80"),
-        Destination(
-            target="web.shop.svc.cluster.local:80",
-            authority="web.shop.svc.cluster.local:80",
-            exists=True,
-            endpoints=(ep(web2, 8080),),
-        ),
-    )
-    w.push(
-        "n1",
-        ("dst", f"{VIP_LOCAL}:80"),
-        Destination(
-            target=f"{VIP_LOCAL}:80",
-            authority="local.shop.svc.cluster.local:80",
-            exists=True,
-            endpoints=(ep(web1, 8080),),
-        ),
-    )
-    w.push(
-        "n1",
-        ("dst", f"{VIP_ECHO}:9000"),
-        Destination(
-            target=f"{VIP_ECHO}:9000",
-            authority="echo.shop.svc.cluster.local:9000",
-            exists=True,
-            opaque=True,
-            endpoints=(ep(web2, 9000),),
-        ),
-    )
-    w.push(
-        "n1",
-        ("dst", f"{VIP_DETECT}:9000"),
-        Destination(
-            target=f"{VIP_DETECT}:9000",
-            authority="echo2.shop.svc.cluster.local:9000",
-            exists=True,
-            endpoints=(ep(web2, 9000),),
-        ),
-    )
-    w.push(
-        "n1",
-        ("dst", f"{VIP_WRONG}:80"),
-        Destination(
-            target=f"{VIP_WRONG}:80",
-            authority="wrong.shop.svc.cluster.local:80",
-            exists=True,
-            endpoints=(ep(web2, 8080, OTHER),),
-        ),
-    )
-    w.push(
-        "n1",
-        ("dst", f"{VIP_H2}:80"),
-        Destination(
-            target=f"{VIP_H2}:80",
-            authority="h2.shop.svc.cluster.local:80",
-            exists=True,
-            endpoints=(
-                Endpoint(
-                    addr=(web2.ip, 8080), tls_identity=WEB.dns_name, protocol_hint=ProtocolHint.H2
-                ),
-            ),
-        ),
-    )
+    _service(w, f"{VIP_H2}:80", "h2", hinted)
     for vip, pod in ((VIP_HC_REMOTE, web2), (VIP_HC_LOCAL, web1)):
-        w.push(
-            "n1",
-            ("dst", f"{vip}:9001"),
-            Destination(
-                target=f"{vip}:9001",
-                authority="hc.shop.svc.cluster.local:9001",
-                exists=True,
-                opaque=True,
-                endpoints=(ep(pod, 9001),),
-            ),
-        )
+        _service(w, f"{vip}:9001", "hc", ep(pod, 9001), opaque=True)
     w.push("n1", ("policy", "shop/web1", 8080), allow_identities(ALPHA, name="web1-alpha"))
     w.push("n2", ("policy", "shop/web2", 9001), ServerPolicy.default("all-authenticated"))
     for port in (8080, 8081, 8082):

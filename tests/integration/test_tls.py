@@ -11,27 +11,13 @@ from pathlib import Path
 import pytest
 
 from agent.identity import ca
-from agent.identity.csr import check_csr, make_csr, new_key
 from agent.identity.names import Identity
-from agent.identity.tls import chain_pem, client_context, peer_identity, server_context
+from agent.identity.tls import client_context, peer_identity, server_context
 
 pytestmark = pytest.mark.privileged
 
 CLIENT = Identity(sa="web", ns="shop")
 SERVER = Identity(sa="db", ns="shop")
-
-
-def _issuer(root_dir, now):
-    ca.create_root(root_dir / "root", now=now)
-    ca.create_issuer(root_dir / "issuer", root_dir / "root", now=now)
-    return ca.load_issuer(root_dir / "issuer", now=now)
-
-
-def _creds(issuer, identity, *, now):
-    key = new_key()
-    info = check_csr(make_csr(key, identity), identity.dns_name)
-    leaf, chain, _ = issuer.sign_leaf(info, identity, now=now)
-    return chain_pem(leaf, chain), key
 
 
 @pytest.fixture
@@ -41,13 +27,13 @@ def now():
 
 @pytest.fixture
 def issuer(tmp_path, now):
-    return _issuer(tmp_path / "mesh", now)
+    return ca.create_mesh(tmp_path / "mesh", now=now)
 
 
 @pytest.fixture
 async def server(issuer, now):
     """A TLS server: records the peer identity or the handshake error, echoes the identity."""
-    chain, key = _creds(issuer, SERVER, now=now)
+    chain, key, _ = issuer.workload(SERVER, now=now)
     ctx = server_context(chain, key, issuer.bundle.pem)
     seen: list[str | None] = []
     errors: list[BaseException] = []
@@ -101,7 +87,7 @@ async def _refused(port: int, ctx: ssl.SSLContext, server) -> BaseException:
 
 
 async def test_mtls_works_and_each_side_sees_the_others_identity(issuer, server, now):
-    chain, key = _creds(issuer, CLIENT, now=now)
+    chain, key, _ = issuer.workload(CLIENT, now=now)
     ctx = client_context(chain, key, issuer.bundle.pem)
     echoed, server_ident = await _exchange(server["port"], ctx)
     assert echoed == CLIENT.dns_name
@@ -110,7 +96,7 @@ async def test_mtls_works_and_each_side_sees_the_others_identity(issuer, server,
 
 
 async def test_the_negotiated_protocol_is_tls_1_3(issuer, server, now):
-    chain, key = _creds(issuer, CLIENT, now=now)
+    chain, key, _ = issuer.workload(CLIENT, now=now)
     reader, writer = await asyncio.open_connection(
         "127.0.0.1", server["port"], ssl=client_context(chain, key, issuer.bundle.pem)
     )
@@ -121,22 +107,22 @@ async def test_the_negotiated_protocol_is_tls_1_3(issuer, server, now):
 
 
 async def test_client_cert_from_a_foreign_ca_is_refused(issuer, server, tmp_path, now):
-    foreign = _issuer(tmp_path / "foreign", now)
-    chain, key = _creds(foreign, CLIENT, now=now)
+    foreign = ca.create_mesh(tmp_path / "foreign", now=now)
+    chain, key, _ = foreign.workload(CLIENT, now=now)
     # the client trusts our bundle, so only the server's check can fail
     await _refused(server["port"], client_context(chain, key, issuer.bundle.pem), server)
     assert any("certificate verify failed" in str(e) for e in server["errors"])
 
 
 async def test_server_from_a_foreign_ca_is_refused_by_the_client(issuer, server, tmp_path, now):
-    foreign = _issuer(tmp_path / "foreign", now)
-    chain, key = _creds(foreign, CLIENT, now=now)
+    foreign = ca.create_mesh(tmp_path / "foreign", now=now)
+    chain, key, _ = foreign.workload(CLIENT, now=now)
     exc = await _refused(server["port"], client_context(chain, key, foreign.bundle.pem), server)
     assert isinstance(exc, ssl.SSLCertVerificationError)
 
 
 async def test_expired_client_cert_is_refused(issuer, server, now):
-    chain, key = _creds(issuer, CLIENT, now=now - timedelta(hours=48))
+    chain, key, _ = issuer.workload(CLIENT, now=now - timedelta(hours=48))
     await _refused(server["port"], client_context(chain, key, issuer.bundle.pem), server)
     assert any("expired" in str(e) for e in server["errors"])
 
@@ -151,7 +137,7 @@ async def test_missing_client_cert_is_refused(issuer, server):
 
 
 async def test_tls_1_2_client_is_refused(issuer, server, now):
-    chain, key = _creds(issuer, CLIENT, now=now)
+    chain, key, _ = issuer.workload(CLIENT, now=now)
     ctx = client_context(chain, key, issuer.bundle.pem)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.maximum_version = ssl.TLSVersion.TLSv1_2
@@ -160,7 +146,7 @@ async def test_tls_1_2_client_is_refused(issuer, server, now):
 
 
 def test_building_contexts_leaves_no_descriptor_and_no_file(issuer, tmp_path, now):
-    chain, key = _creds(issuer, CLIENT, now=now)
+    chain, key, _ = issuer.workload(CLIENT, now=now)
     fds = Path("/proc/self/fd")
     before = {p.name for p in fds.iterdir()}
     for _ in range(5):

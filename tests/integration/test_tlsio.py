@@ -17,41 +17,28 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from agent.identity import ca
-from agent.identity.csr import check_csr, make_csr, new_key
 from agent.identity.names import Identity
-from agent.identity.tls import chain_pem, client_context, peer_identity, server_context
+from agent.identity.tls import client_context, peer_identity, server_context
 from agent.proxy.tlsio import READ_CHUNK, TlsHandshakeError, TlsTransport
 
 if TYPE_CHECKING:
     import ssl
     from collections.abc import AsyncIterator
-    from pathlib import Path
 
 HOST = "127.0.0.1"
 CLIENT = Identity(sa="web", ns="shop")
 SERVER = Identity(sa="api", ns="shop")
 
 
-def _mesh(directory: Path) -> ca.Issuer:
-    now = datetime.now(UTC)
-    ca.create_root(directory / "root", now=now)
-    ca.create_issuer(directory / "issuer", directory / "root", now=now)
-    return ca.load_issuer(directory / "issuer", now=now)
-
-
 def _context(issuer: ca.Issuer, identity: Identity, make: Any) -> ssl.SSLContext:
-    now = datetime.now(UTC)
-    key = new_key()
-    leaf, chain, _ = issuer.sign_leaf(
-        check_csr(make_csr(key, identity), identity.dns_name), identity, now=now
-    )
-    return make(chain_pem(leaf, chain), key, issuer.bundle.pem)
+    chain, key, _ = issuer.workload(identity, now=datetime.now(UTC))
+    return make(chain, key, issuer.bundle.pem)
 
 
 @pytest.fixture(scope="module")
 def contexts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ssl.SSLContext]:
-    issuer = _mesh(tmp_path_factory.mktemp("mesh"))
-    foreign = _mesh(tmp_path_factory.mktemp("foreign"))
+    issuer = ca.create_mesh(tmp_path_factory.mktemp("mesh"))
+    foreign = ca.create_mesh(tmp_path_factory.mktemp("foreign"))
     return {
         "client": _context(issuer, CLIENT, client_context),
         "server": _context(issuer, SERVER, server_context),

@@ -161,6 +161,20 @@ def test_leaf_never_outlives_its_issuer(tmp_path, now):
     assert valid_until < now + timedelta(hours=3)
 
 
+def test_a_throwaway_mesh_issues_workload_chains_that_verify(tmp_path, now):
+    mesh = ca.create_mesh(tmp_path / "mesh", created=now - timedelta(days=2), now=now)
+    assert (tmp_path / "mesh" / "root").is_dir()
+    assert (tmp_path / "mesh" / "issuer").is_dir()
+    chain_pem, key, until = mesh.workload(WEB, now=now, lifetime=timedelta(hours=1))
+    leaf, *rest = x509.load_pem_x509_certificates(chain_pem)
+    assert leaf.public_key().public_numbers() == key.public_key().public_numbers()
+    assert leaf.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == WEB.dns_name
+    assert until == leaf.not_valid_after_utc == now.replace(microsecond=0) + timedelta(hours=1)
+    ca.verify_chain(leaf, rest, mesh.bundle, now=now)
+    with pytest.raises(PKIError, match="does not chain"):
+        ca.verify_chain(leaf, rest, ca.create_mesh(tmp_path / "other", now=now).bundle, now=now)
+
+
 def test_sign_leaf_refuses_a_csr_for_another_identity(issuer, now):
     with pytest.raises(PKIError, match="CSR is for"):
         issuer.sign_leaf(_leaf_request(Identity(sa="api", ns="shop")), WEB, now=now)
