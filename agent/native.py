@@ -23,6 +23,10 @@ Rules:
 4. A build that fails removes the previous build (plain Python from then on) and
    raises `NativeBuildError` with the compiler's last output; a build that is current
    is not redone.
+5. A dataclass in a compiled module is a native class whose `__init__` is still the one
+   `dataclasses` writes, run by the interpreter: 1.8 us for three keyword fields
+   against 0.3 us for an `__init__` compiled with the class. Classes made per request,
+   stream, frame or body piece say `init=False` and write their `__init__`.
 """
 
 from __future__ import annotations

@@ -35,19 +35,38 @@ class Reject:
     close: bool = False
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True, init=False)
 class Target:
     """Where one attempt goes: a pool key, how to open a connection, header rewrite."""
 
     key: Hashable
     open: Opener
-    rewrite: Callable[[http1.Headers], http1.Headers] | None = None
-    handle: Handle | None = None  # balancer handle: done(now, ok) when the attempt ends
-    labels: Labels = field(default_factory=dict)
+    rewrite: Callable[[http1.Headers], http1.Headers] | None
+    handle: Handle | None  # balancer handle: done(now, ok) when the attempt ends
+    labels: Labels
     # Set: the endpoint's inbound takes HTTP/1 upgraded to h2 (agent.proxy.origproto):
     # the pool of multiplexed connections and the key there (`open` connects either).
-    h2: H2Pool | None = None
-    h2_key: Hashable = None
+    h2: H2Pool | None
+    h2_key: Hashable
+
+    def __init__(  # noqa: PLR0913 - one per outbound request: written (agent.native rule 5)
+        self,
+        *,
+        key: Hashable,
+        open: Opener,  # noqa: A002 - the field's name
+        rewrite: Callable[[http1.Headers], http1.Headers] | None = None,
+        handle: Handle | None = None,
+        labels: Labels | None = None,
+        h2: H2Pool | None = None,
+        h2_key: Hashable = None,
+    ) -> None:
+        self.key = key
+        self.open = open
+        self.rewrite = rewrite
+        self.handle = handle
+        self.labels = {} if labels is None else labels
+        self.h2 = h2
+        self.h2_key = h2_key
 
 
 @dataclass(slots=True, kw_only=True)

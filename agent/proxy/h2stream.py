@@ -43,21 +43,35 @@ class StreamGoneError(Exception):
 # --- what a stream's queue holds ----------------------------------------------------
 
 
-@dataclass(slots=True)
+# Made per frame: each writes its `__init__` (agent.native rule 5).
+
+
+@dataclass(slots=True, init=False)
 class Head:
     headers: H2Headers
     end: bool
 
+    def __init__(self, headers: H2Headers, end: bool) -> None:
+        self.headers = headers
+        self.end = end
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Data:
     data: bytes
     flow: int  # flow-controlled length (padding included), to acknowledge
 
+    def __init__(self, data: bytes, flow: int) -> None:
+        self.data = data
+        self.flow = flow
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Trailers:
     headers: H2Headers
+
+    def __init__(self, headers: H2Headers) -> None:
+        self.headers = headers
 
 
 @dataclass(slots=True)

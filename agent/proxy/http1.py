@@ -106,18 +106,24 @@ class ResponseHead:
     raw: bytes = b""  # the head as received, without its blank line (b"": not parsed)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class BodyData:
     """A piece of body: payload, or raw chunked wire bytes (see rule 2)."""
 
     data: bytes | memoryview
 
+    def __init__(self, data: bytes | memoryview) -> None:  # per piece: agent.native rule 5
+        self.data = data
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class MessageEnd:
     """The message is complete; `trailers` only when decoding chunked bodies."""
 
-    trailers: Headers | None = None
+    trailers: Headers | None
+
+    def __init__(self, trailers: Headers | None = None) -> None:  # per message: rule 5
+        self.trailers = trailers
 
 
 END = MessageEnd()  # the one shared end event of the fast paths (events are never mutated)
@@ -316,7 +322,7 @@ class _Parser:
             self._message_end(events)
 
     def _message_end(self, events: list[Event], trailers: Headers | None = None) -> None:
-        events.append(MessageEnd(trailers))
+        events.append(END if trailers is None else MessageEnd(trailers))
         self._state = _S.HEAD if self._keep_alive else _S.CLOSED
 
     # --- handlers: the transition table is _step --------------------------------

@@ -62,7 +62,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Hashable  # noqa: TC003 - a field type, see below
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from agent import aio
@@ -101,20 +101,41 @@ _NO_TIMEOUT = contextlib.nullcontext()  # reusable; asyncio.timeout(None) costs 
 # --- routing a stream ---------------------------------------------------------------------
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True, init=False)
 class Routed:
     """Where one stream goes: a pool key, how to connect, the headers to send."""
 
     key: Hashable
     open: Opener
     headers: H2Headers
-    handle: Handle | None = None
-    route: Route | None = None
-    timeout_s: float | None = None
-    labels: Labels = field(default_factory=dict)
+    handle: Handle | None
+    route: Route | None
+    timeout_s: float | None
+    labels: Labels
     # Inbound, an upgraded HTTP/1 request (`l5d-orig-proto`): the way to the app over
     # HTTP/1 and the request it stands for.
-    h1: tuple[Downgrade, Downgraded] | None = None
+    h1: tuple[Downgrade, Downgraded] | None
+
+    def __init__(  # noqa: PLR0913 - one per stream: written (agent.native rule 5)
+        self,
+        *,
+        key: Hashable,
+        open: Opener,  # noqa: A002 - the field's name
+        headers: H2Headers,
+        handle: Handle | None = None,
+        route: Route | None = None,
+        timeout_s: float | None = None,
+        labels: Labels | None = None,
+        h1: tuple[Downgrade, Downgraded] | None = None,
+    ) -> None:
+        self.key = key
+        self.open = open
+        self.headers = headers
+        self.handle = handle
+        self.route = route
+        self.timeout_s = timeout_s
+        self.labels = {} if labels is None else labels
+        self.h1 = h1
 
 
 class StreamRouter(Protocol):
