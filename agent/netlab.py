@@ -25,6 +25,8 @@ Rules:
    exec anything (`agent.netlab_pods` rule 1).
 4. All netlink work runs through `agent.redirect.netns.run_in`, never on an
    event loop thread.
+5. The records change and are written under one lock: pods start processes from
+   several threads at once (tests run `pod.run` through `asyncio.to_thread`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import logging
 import os
 import re
 import subprocess
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -99,6 +102,7 @@ class Lab:
         self.nodes: dict[str, LabNode] = {}
         self.pods: dict[str, LabPod] = {}
         self._records: list[dict[str, Any]] = []
+        self._lock = threading.Lock()  # rule 5
         self._procs: dict[int, subprocess.Popen[Any]] = {}
         self._seq = 0
         self._links = 0
@@ -116,11 +120,13 @@ class Lab:
     # --- records -----------------------------------------------------------
 
     def _save(self) -> None:
-        write_state(self.state_file, self.prefix, self._records)
+        with self._lock:
+            write_state(self.state_file, self.prefix, self._records)
 
     def _record(self, **rec: Any) -> None:
-        self._records.append(rec)
-        self._save()
+        with self._lock:
+            self._records.append(rec)
+            write_state(self.state_file, self.prefix, self._records)
 
     def track(self, proc: subprocess.Popen[Any]) -> None:
         self._procs[proc.pid] = proc
@@ -128,10 +134,11 @@ class Lab:
 
     def untrack(self, proc: subprocess.Popen[Any]) -> None:
         self._procs.pop(proc.pid, None)
-        self._records = [
-            r for r in self._records if not (r["kind"] == "proc" and r["pid"] == proc.pid)
-        ]
-        self._save()
+        with self._lock:
+            self._records = [
+                r for r in self._records if not (r["kind"] == "proc" and r["pid"] == proc.pid)
+            ]
+            write_state(self.state_file, self.prefix, self._records)
 
     def _next(self) -> int:
         self._seq += 1

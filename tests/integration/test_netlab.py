@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -144,6 +146,16 @@ def test_spawned_process_runs_in_the_pod_netns_and_cgroup(lab):
     unified = [line for line in cgroup_line if line.startswith("0::")]
     assert unified == [f"0::/meshagent/{pod.netns_name}"]
     assert str(proc.pid) in (pod.cgroup / "cgroup.procs").read_text().split()
+
+
+def test_processes_started_from_many_threads_at_once_are_all_recorded(lab):
+    """Rule 5: `pod.run` from several threads (as tests call it through to_thread)."""
+    pod = lab.pod(lab.node("n1"), "a")
+    with ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(lambda _: pod.run(["true"], timeout=10), range(32)))
+    assert [d.returncode for d in done] == [0] * 32
+    state = json.loads(lab.state_file.read_text())
+    assert [r for r in state["records"] if r["kind"] == "proc"] == []  # each run untracked
 
 
 def test_pod_has_lo_up_and_default_route_via_gateway(lab):
