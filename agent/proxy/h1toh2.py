@@ -23,13 +23,8 @@ Rules:
 4. Per connection the h2 headers of the last request head are remembered by the
    head's identity (parsed heads are shared objects, agent.proxy.http1), as
    `HttpConn._head_bytes` does for HTTP/1.
-5. A worker keeps `LANES` h2 connections per endpoint, each client connection
-   sending on one of them (`next_lane`, round robin). The peer node's kernel
-   gives each connection to one of its workers (SO_REUSEPORT hashes the
-   addresses) and that worker serves all of its streams: with one connection
-   per worker, both of a two-worker node's connections often landed on one
-   peer worker, which then served every request of the run while the other
-   idled (bench/RESULTS.md, fourteenth pass).
+5. A worker keeps `h2pool.LANES` h2 connections per endpoint, each client
+   connection sending on one of them (agent.proxy.h2pool rule 2).
 """
 
 from __future__ import annotations
@@ -47,17 +42,6 @@ if TYPE_CHECKING:
     from agent.proxy.h1plan import Target
     from agent.proxy.h2msg import H2Headers
     from agent.proxy.httpproxy import HttpConn
-
-
-LANES = 4  # h2 connections per endpoint per worker (rule 5)
-_lanes = 0
-
-
-def next_lane() -> int:
-    """The lane of a new client connection (rule 5)."""
-    global _lanes  # noqa: PLW0603 - one counter per worker process
-    _lanes = (_lanes + 1) % LANES
-    return _lanes
 
 
 class Upgraded:

@@ -1,8 +1,17 @@
 """Upstream h2 connections per pool key, for one worker (agent.proxy.http2's rule 6).
 
-One connection per key (source pod, endpoint, identity) with streams multiplexed on it;
-another is opened only when the peer's concurrent-stream limit is reached or the
-connection is going away. `pool_of(worker)` is the worker's pool.
+Rules:
+1. One connection per key (source pod, endpoint, identity) with streams multiplexed on
+   it; another is opened only when the peer's concurrent-stream limit is reached or
+   the connection is going away. `pool_of(worker)` is the worker's pool.
+2. Towards a meshed pod's inbound on another node (the mTLS hop), the key also
+   holds a lane: a worker keeps up to `LANES` connections per endpoint, and
+   each client connection sends all its requests or streams on one lane (`next_lane`,
+   round robin). The peer's kernel gives each connection to one of its workers
+   (SO_REUSEPORT hashes the addresses) and that worker serves every stream on it:
+   with one connection per worker, a two-worker node's connections often landed on
+   one peer worker, which then served the whole run while the other idled
+   (bench/RESULTS.md, fourteenth and fifteenth passes).
 """
 
 from __future__ import annotations
@@ -26,6 +35,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Opener = Callable[[Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, Any]]]
+
+LANES = 4  # connections per endpoint per worker towards a meshed inbound (rule 2)
+_lane = 0
+
+
+def next_lane() -> int:
+    """The lane of a new client connection (rule 2)."""
+    global _lane  # noqa: PLW0603 - one counter per worker process
+    _lane = (_lane + 1) % LANES
+    return _lane
+
 
 # --- the upstream pool ------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ Outbound (`serve_outbound`), per stream:
 3. The hop as for HTTP/1 (`outbound.hop_for`): same node: B's policy is
    applied here with A's identity and `l5d-client-id` is set; mTLS to a
    meshed endpoint, h2 prior knowledge inside the tunnel (the peer's inbound
-   detects the preface after terminating TLS); else plain.
+   detects the preface after terminating TLS); else plain. Over mTLS the
+   streams of one client connection share one of the worker's lanes to the
+   endpoint (agent.proxy.h2pool rule 2).
 Inbound (`serve_inbound`), per stream: authorize with the pod's policy for
 the port (method and path included); deny: 403 with `l5d-proxy-error`
 (gRPC: HTTP 200 trailers-only grpc-status 7); allowed: `l5d-client-id` is
@@ -75,6 +77,7 @@ class OutboundStreams:
     def __init__(self, router: outbound.OutboundRouter) -> None:
         self.router = router
         self.worker = router.worker
+        self.lane = h2pool.next_lane()  # this connection's streams over mTLS (h2pool rule 2)
 
     async def route(self, headers: H2Headers) -> http2.Routed | Answer:
         router = self.router
@@ -98,7 +101,7 @@ class OutboundStreams:
                 return denied
             send = h2msg.with_client_id(headers, facts["identity"])
         return http2.Routed(
-            key=("h2", *hop.key),
+            key=("h2", *hop.key, self.lane) if hop.kind == "mtls" else ("h2", *hop.key),
             open=choice.open,
             headers=send,
             handle=handle,

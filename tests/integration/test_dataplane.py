@@ -42,7 +42,7 @@ from agent.policy.model import (
     ProxyProtocol,
     ServerPolicy,
 )
-from agent.proxy import h1msg, h1toh2, http1
+from agent.proxy import h1msg, h2pool, http1
 from agent.proxy.channel import StateUpdate
 from agent.proxy.listener import ListenerKind, open_pod_listeners
 from agent.proxy.model import (
@@ -914,8 +914,8 @@ async def test_concurrent_http1_clients_share_one_upgraded_connection(world):
             c.close()
     assert [status for status, _, _ in answers] == [200] * 12
     # HTTP/1 between the proxies would hold a connection per request in flight; the
-    # worker's h2 lanes to the endpoint (agent.proxy.h1toh2 rule 5) carry all 12.
-    assert during - before <= h1toh2.LANES < 12
+    # worker's h2 lanes to the endpoint (agent.proxy.h2pool rule 2) carry all 12.
+    assert during - before <= h2pool.LANES < 12
 
 
 async def _h2_to_web2(world, headers, body: bytes):
