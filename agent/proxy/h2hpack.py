@@ -25,6 +25,11 @@ Rules:
    count, no resize), the same list encodes to the same block, so a repeated
    list costs one dict lookup. A list holding a never-indexed field is not
    remembered (it compares equal to its plain twin).
+6. The decoder remembers the lists of blocks whose decoding changed nothing in
+   the table (no insert, no size update; up to `MEMO` of them): while the table
+   is unchanged, the same block is the same list, returned again as the same
+   object (a repeat is then an identity check for the memos above it, e.g.
+   agent.proxy.h2route). Callers treat a decoded list as read-only.
 """
 
 from __future__ import annotations
@@ -166,6 +171,8 @@ class Decoder:
         self.max_list = max_list
         self.allowed = allowed
         self._table = _Table()
+        self._memo: dict[bytes, list[Field]] = {}  # block -> list (rule 6)
+        self._memo_at = 0  # the table's insert count the memo holds for
 
     def _field(self, index: int) -> Field:
         if 0 < index < _FIRST_DYNAMIC:
@@ -184,12 +191,27 @@ class Decoder:
         return _read_str(block, pos)
 
     def decode(self, block: bytes) -> list[Field]:
-        """The header list of `block` (rules 1 and 2).
+        """The header list of `block` (rules 1, 2 and 6), not to be changed by the caller.
 
         Raises:
             HpackError: the block is malformed.
             HpackTooLargeError: the list is over `max_list`.
         """
+        inserts = self._table.inserts
+        if self._memo_at != inserts:
+            self._memo.clear()
+            self._memo_at = inserts
+        got = self._memo.get(block)
+        if got is not None:
+            return got
+        out = self._decode(block)
+        if self._table.inserts == inserts and not (block and block[0] & 0xE0 == 0x20):
+            if len(self._memo) >= MEMO:
+                self._memo.clear()
+            self._memo[block] = out
+        return out
+
+    def _decode(self, block: bytes) -> list[Field]:
         out: list[Any] = []  # objects: see `Encoder.encode`
         pos = 0
         end = len(block)

@@ -27,6 +27,8 @@ from agent.proxy.h2hpack import HpackError, HpackTooLargeError
 from agent.proxy.h2state import MAX_HEADER_BLOCK, CodecState, Stream, StreamError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agent.proxy.h2events import Headers
 
 _NO_BODY_STATUS = (b"204", b"304")
@@ -226,8 +228,7 @@ class Receiver(CodecState):
         self._last_peer_sid = sid
         if len(self._streams) >= self._max_streams:
             raise StreamError(sid, ErrorCode.REFUSED_STREAM, "too many streams")
-        reason = f.check_request(headers)
-        expect = f.content_length(headers)
+        reason, expect = self._check(headers, f.check_request)
         if reason is not None or expect == -1 or (end and expect not in (None, 0)):
             raise StreamError(sid, ErrorCode.PROTOCOL_ERROR, reason or "content-length")
         st = Stream(self._peer_window, self._recv_initial)
@@ -236,6 +237,19 @@ class Receiver(CodecState):
         st.remote_ended = end
         self._streams[sid] = st
         events.append(RequestReceived(sid, headers, end))
+
+    def _check(
+        self, headers: Headers, check: Callable[[Headers], str | None]
+    ) -> tuple[str | None, int | None]:
+        """`check(headers)` and the content-length; a repeat of the last list is remembered
+        (a request list never meets a response check: a connection's peer sends one kind)."""
+        last = self._checked
+        if last is not None and last[0] is headers:
+            return last[1], last[2]
+        reason = check(headers)
+        expect = f.content_length(headers)
+        self._checked = (headers, reason, expect)
+        return reason, expect
 
     def _known_headers(
         self, sid: int, st: Stream, headers: Headers, *, end: bool, events: list[Event]
@@ -260,7 +274,7 @@ class Receiver(CodecState):
 
     def _response(self, sid: int, st: Stream, headers: Headers, *, end: bool) -> bool:
         """Client side: check a response head; whether it is the final one."""
-        reason = f.check_response(headers)
+        reason, expect = self._check(headers, f.check_response)
         if reason is not None:
             raise StreamError(sid, ErrorCode.PROTOCOL_ERROR, reason)
         status = headers[0][1]
@@ -272,7 +286,7 @@ class Receiver(CodecState):
         if st.bodiless or status in _NO_BODY_STATUS:
             st.expect = 0  # no body, whatever content-length says (RFC 9110 6.4.1)
         else:
-            st.expect = f.content_length(headers)
+            st.expect = expect
             if st.expect == -1 or (end and st.expect not in (None, 0)):
                 raise StreamError(sid, ErrorCode.PROTOCOL_ERROR, "content-length")
         return True

@@ -89,6 +89,9 @@ class CodecState:
         self._block_end = False
         self._encoder = Encoder()
         self._decoder = Decoder(max_list=MAX_HEADER_LIST)
+        # The last header list checked (as a request, or as a response) and what the
+        # checks found: a repeated block decodes to the same list (h2hpack rule 6).
+        self._checked: tuple[list[tuple[bytes, bytes]], str | None, int | None] | None = None
         self._windowed = False
 
     # --- shared by both halves ---------------------------------------------------------------

@@ -145,10 +145,11 @@ class OutboundRouter:
     """Per-request destination, route and endpoint choice for one client connection.
 
     HTTP/1 uses it as its `Router` (`plan_now`, `plan`); HTTP/2 (agent.proxy.h2route)
-    calls the protocol-neutral steps per stream: `destination`, `route_of`, `pick`,
-    `local_policy`. Both get the same per-connection memos. HTTP/1 keeps one more: the
-    last request's hop and same-node authorization (`_Lane`), reused by the next
-    request with the same head when the balancer picks the same endpoint.
+    calls the protocol-neutral steps per stream: `destination`, `route_of`, `hop`,
+    `local_policy`. Both get the same per-connection memos. Each keeps one more: the
+    last request's hop and same-node authorization, reused by the next request with
+    the same head when the balancer picks the same endpoint (HTTP/1 `_Lane`, HTTP/2
+    `h2route._Repeat`).
     """
 
     def __init__(
@@ -233,7 +234,7 @@ class OutboundRouter:
     ) -> httpproxy.Target | httpproxy.Reject:
         handle = entry.balancer.pick(self.loop.time(), self.plane.rng, tried)
         if handle is None:
-            return httpproxy.reject(503, _no_endpoints(labels))
+            return httpproxy.reject(503, no_endpoints(labels))
         lane = self._lane
         if (
             lane is not None
@@ -246,7 +247,7 @@ class OutboundRouter:
             if lane.counted is not None:
                 lane.counted.count()
             return lane.target(handle)
-        picked = self._hop(handle, labels, tried)
+        picked = self.hop(handle, labels, tried)
         if isinstance(picked, Refusal):
             return httpproxy.reject(picked.status, picked.message)
         choice = picked[1]
@@ -321,18 +322,11 @@ class OutboundRouter:
             self._labels[lkey] = labels
         return entry, route, labels
 
-    def pick(
-        self, entry: DstEntry, labels: dict[str, str], tried: list[tuple[str, int]]
-    ) -> tuple[Handle, _Choice] | Refusal:
-        """A balanced endpoint not in `tried` (appended to it) and the hop to it."""
-        handle = entry.balancer.pick(self.loop.time(), self.plane.rng, tried)
-        if handle is None:
-            return Refusal(503, _no_endpoints(labels))
-        return self._hop(handle, labels, tried)
-
-    def _hop(
+    def hop(
         self, handle: Handle, labels: dict[str, str], tried: list[tuple[str, int]]
     ) -> tuple[Handle, _Choice] | Refusal:
+        """The hop to the endpoint the balancer picked (appended to `tried`); a refusal
+        (the handle ended as failed) when there is none."""
         ep = handle.endpoint
         tried.append(ep.addr)
         choice = self._choice(ep, labels)
@@ -521,7 +515,7 @@ class _Lane:
         )
 
 
-def _no_endpoints(labels: dict[str, str]) -> str:
+def no_endpoints(labels: dict[str, str]) -> str:
     return f"no endpoints for {labels['authority']}"
 
 

@@ -150,6 +150,45 @@ ch.close()
 print(json.dumps(out), flush=True)
 """
 
+# Identical calls on one h2 connection (hyper-h2, whose encoder makes every repeated
+# header block the same bytes): `count` calls, a line on stdin, `count` more. Prints the
+# grpc-status of each.
+REPEAT = r"""
+import json, socket, sys
+import h2.config, h2.connection, h2.events
+host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sock = socket.create_connection((host, port), timeout=20)
+conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+conn.initiate_connection()
+sock.sendall(conn.data_to_send())
+head = [(":method", "POST"), (":scheme", "http"), (":authority", f"{host}:{port}"),
+        (":path", "/t.T/Echo"), ("content-type", "application/grpc"), ("te", "trailers")]
+def call():
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(sid, head)
+    conn.send_data(sid, b"\0\0\0\0\2hi", end_stream=True)
+    sock.sendall(conn.data_to_send())
+    status = None
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            raise SystemExit("connection closed")
+        for ev in conn.receive_data(data):
+            if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                got = dict((bytes(k), bytes(v)) for k, v in ev.headers)
+                status = got.get(b"grpc-status", status)
+            elif isinstance(ev, h2.events.DataReceived):
+                conn.acknowledge_received_data(ev.flow_controlled_length, sid)
+            elif isinstance(ev, h2.events.StreamEnded) and ev.stream_id == sid:
+                sock.sendall(conn.data_to_send())
+                return int(status)
+        sock.sendall(conn.data_to_send())
+codes = [call() for _ in range(count)]
+print(json.dumps(codes), flush=True)
+sys.stdin.readline()
+print(json.dumps([call() for _ in range(count)]), flush=True)
+"""
+
 
 def _dst(vip: str, pod, ports=PORTS, *, ident=WEB, profile=None) -> Destination:
     return Destination(
@@ -304,6 +343,36 @@ async def test_policy_denies_with_permission_denied_and_allows_alpha(world, wher
     allowed = await grpc_client(world.pods["a"], "unary", vip, 3)
     assert [c["code"] for c in allowed["calls"]] == [0] * 3
     assert [c["client_id"] for c in allowed["calls"]] == [ALPHA.dns_name] * 3
+
+
+@pytest.mark.parametrize("where", ["remote", "local"])
+async def test_a_policy_change_applies_to_the_next_identical_stream_on_a_connection(world, where):
+    """h2route's `_Repeat`: a stream with the last stream's header list reuses its decision
+    only within one state generation; a policy pushed in between decides the next one."""
+    vip, srv = WHERE[where]
+    node = "n1" if where == "local" else "n2"
+    argv = [sys.executable, "-c", REPEAT, vip, "50051", "4"]
+    proc = world.pods["a"].spawn(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        first = await asyncio.to_thread(proc.stdout.readline)
+        for port in PORTS:  # alpha no longer allowed
+            world.push(node, ("policy", f"shop/{srv}", port), allow_identities(BETA, name="beta"))
+        await asyncio.sleep(0.5)  # the push reaches the worker
+        stdout, stderr = await asyncio.to_thread(proc.communicate, "go\n", 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        world.lab.untrack(proc)
+        for port in PORTS:
+            world.push(
+                node, ("policy", f"shop/{srv}", port), allow_identities(ALPHA, name=f"{srv}-alpha")
+            )
+    assert proc.returncode == 0, stderr
+    assert json.loads(first) == [0] * 4
+    assert json.loads(stdout) == [7] * 4  # PERMISSION_DENIED, on the same connection
 
 
 async def test_endpoint_removed_mid_load_loses_no_call(world):

@@ -99,6 +99,46 @@ def test_a_repeated_list_is_one_remembered_block_until_the_table_changes() -> No
     assert third != second  # x-trace is one entry further back now
 
 
+def test_decoded_lists_stay_right_through_repeats_inserts_and_resizes() -> None:
+    # The decoder's memo (rule 6) against the `hpack` package's decoder: few distinct
+    # lists sent many times by hpack's encoder, between inserts and size updates.
+    rnd = random.Random(11)
+    pool = _lists(4, 10)
+    theirs_enc, ours, reference = hpack.Encoder(), Decoder(max_list=1 << 20), hpack.Decoder()
+    for i in range(3000):
+        if i % 500 == 250:
+            theirs_enc.header_table_size = rnd.choice((0, 128, 1024, 4096))
+        fields = list(rnd.choice(pool))
+        if rnd.random() < 0.1:
+            fields.append((b"x-new", b"%d" % i))
+        block = theirs_enc.encode(fields, huffman=rnd.random() < 0.5)
+        want = [(bytes(k), bytes(v)) for k, v in reference.decode(block, raw=True)]
+        assert ours.decode(block) == want == fields
+
+
+def test_a_repeated_block_is_the_same_list_until_the_table_changes() -> None:
+    dec = Decoder(max_list=1 << 16)
+    inserting = b"\x82\x40\x07x-trace\x03abc"  # :method GET, x-trace: abc (indexed)
+    assert dec.decode(inserting) == [(b":method", b"GET"), (b"x-trace", b"abc")]
+    repeat = b"\x82\xbe"  # :method GET, dynamic entry 62
+    first = dec.decode(repeat)
+    assert first == [(b":method", b"GET"), (b"x-trace", b"abc")]
+    assert dec.decode(repeat) is first  # the same object: an identity check above us
+    assert dec.decode(inserting) is not dec.decode(inserting)  # inserts: never remembered
+    dec.decode(b"\x40\x07x-other\x011")  # a new entry 62: x-trace moves back
+    assert dec.decode(repeat) == [(b":method", b"GET"), (b"x-other", b"1")]
+
+
+def test_a_block_with_a_size_update_is_decoded_each_time() -> None:
+    dec = Decoder(max_list=1 << 16)
+    block = b"\x3f\xe1\x1f\x82"  # table size 4096, then :method GET
+    first = dec.decode(block)
+    assert first == [(b":method", b"GET")]
+    dec.allowed = 1024  # our SETTINGS value lowered: the same update is now over it
+    with pytest.raises(HpackError):
+        dec.decode(block)
+
+
 def test_a_field_larger_than_the_table_is_sent_literal_and_not_indexed() -> None:
     enc, theirs = Encoder(), hpack.Decoder()
     big = [(b"x-big", b"v" * 2000)]
