@@ -62,8 +62,35 @@ def header(headers: H2Headers, name: bytes) -> bytes | None:
 
 def is_grpc(headers: H2Headers) -> bool:
     """Whether a request (or response) carries a gRPC content type."""
-    ctype = header(headers, b"content-type")
+    return is_grpc_type(header(headers, b"content-type"))
+
+
+def is_grpc_type(ctype: bytes | None) -> bool:
+    """Whether a `content-type` value is a gRPC one."""
     return ctype is not None and ctype.lower().startswith(b"application/grpc")
+
+
+# What routing and authorization read of a request: `:method`, the query-less `:path`,
+# `l5d-dst-override`, `content-type` (None when absent).
+RoutingFacts = tuple[bytes | None, bytes | None, bytes | None, bytes | None]
+
+
+def routing_facts(headers: H2Headers) -> RoutingFacts:
+    """A request's `RoutingFacts`, in one pass (the first of each field counts)."""
+    method = path = override = ctype = None
+    for key, value in headers:
+        if key == b":method":
+            if method is None:
+                method = value
+        elif key == b":path":
+            if path is None:
+                path = value.partition(b"?")[0] if b"?" in value else value
+        elif key == b"l5d-dst-override":
+            if override is None:
+                override = value
+        elif key == b"content-type" and ctype is None:
+            ctype = value
+    return method, path, override, ctype
 
 
 def method_path(headers: H2Headers) -> tuple[str, str]:

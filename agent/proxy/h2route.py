@@ -13,18 +13,19 @@ Outbound (`serve_outbound`), per stream:
    detects the preface after terminating TLS); else plain. Over mTLS the
    streams of one client connection share one of the worker's lanes to the
    endpoint (agent.proxy.h2pool rule 2).
-A stream whose header list is the last stream's (the decoder hands out one list per
-repeated block, agent.proxy.h2hpack rule 6), in the same state generation, skips
-steps 1 and 2's lookups and, when the balancer picks the same endpoint, step 3's
-hop and authorization (counted again); see `_Repeat`.
+A stream with the last stream's routing facts (method, query-less path, override,
+content type) in the same state generation skips steps 1 and 2's lookups and, when
+the balancer picks the same endpoint, step 3's hop and authorization (counted
+again); see `_Repeat`.
 Inbound (`serve_inbound`), per stream: authorize with the pod's policy for
 the port (method and path included); deny: 403 with `l5d-proxy-error`
 (gRPC: HTTP 200 trailers-only grpc-status 7); allowed: `l5d-client-id` is
 the verified identity (a client-sent copy removed) and the stream goes to
 B's app over h2 from B's netns (`inbound.app_addr`); a stream marked
 `l5d-orig-proto` (HTTP/1 a peer proxy upgraded) goes to the app as HTTP/1
-(agent.proxy.h2toh1). A repeat of the last plain stream's header list in the
-same state generation reuses its decision (counted again) and what it sent.
+(agent.proxy.h2toh1). A stream with the last stream's routing facts in the same
+state generation reuses its decision (counted again; see `_Repeat`), and one with the
+last plain stream's very list what was routed for it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from collections.abc import Hashable
 
     from agent.policy.authorize import Facts
-    from agent.proxy.balance import EndpointStats
+    from agent.proxy.balance import EndpointStats, Handle
     from agent.proxy.model import Route
     from agent.proxy.plane import DstEntry
     from agent.proxy.record import BoundAuthz
@@ -81,13 +82,16 @@ def authorize_stream(
 
 
 class _Repeat:
-    """What the last stream's headers decided, for the next stream with the same list.
+    """What the last stream decided, for the next stream with the same routing facts.
 
-    The decoder hands out one list per repeated header block (agent.proxy.h2hpack
-    rule 6), so a repeat is an identity check. Valid in the state generation it was
-    made in. Outbound: the destination entry, route and labels; and the last endpoint's
-    hop with its same-node authorization, reused when the balancer (which still picks
-    every stream) picks that endpoint again and its certificate has not expired.
+    Valid in the state generation it was made in, for streams whose `:method`,
+    query-less `:path`, `l5d-dst-override` and `content-type` are the last stream's
+    (`h2msg.routing_facts`): all that routing and same-node authorization read. The
+    decoder hands out one list per repeated header block (agent.proxy.h2hpack rule 6),
+    so an identical stream is found by an identity check, before the facts are read.
+    Outbound: the destination entry, route and labels; and the last endpoint's hop with
+    its same-node authorization, reused when the balancer (which still picks every
+    stream) picks that endpoint again and its certificate has not expired.
     """
 
     __slots__ = (
@@ -95,37 +99,42 @@ class _Repeat:
         "counted",
         "denied",
         "entry",
+        "facts",
         "gen",
         "grpc",
         "headers",
         "labels",
         "route",
         "send",
+        "sent_for",
         "stats",
     )
 
     def __init__(  # noqa: PLR0913 - plain record
         self,
         headers: H2Headers,
+        facts: h2msg.RoutingFacts,
+        *,
         gen: int,
         entry: DstEntry,
         route: Route | None,
         labels: dict[str, str],
-        *,
-        grpc: bool,
     ) -> None:
-        self.headers = headers
+        self.headers = headers  # the last stream's list
+        self.facts = facts
         self.gen = gen
         self.entry = entry
         self.route = route
         self.labels = labels
-        self.grpc = grpc
-        # The last endpoint's decision: its stats, hop, what is sent, the authorization.
+        self.grpc = h2msg.is_grpc_type(facts[3])
+        # The last endpoint's decision: its stats, hop and authorization.
         self.stats: EndpointStats | None = None
         self.choice: Any = None
-        self.send: H2Headers = headers
         self.denied: Answer | None = None
         self.counted: BoundAuthz | None = None
+        # Same node: the list sent (`l5d-client-id` set) and the list it was made from.
+        self.send: H2Headers = headers
+        self.sent_for: H2Headers | None = None
 
 
 class OutboundStreams:
@@ -144,16 +153,57 @@ class OutboundStreams:
         gen = self.worker.state.generation
         repeat = self._repeat
         if repeat is None or repeat.headers is not headers or repeat.gen != gen:
-            grpc = h2msg.is_grpc(headers)
-            found = await router.destination(h1msg.dst_override(headers))
-            if isinstance(found, outbound.Refusal):
-                return h2msg.answer_for(found.status, found.message, grpc=grpc)
-            method, path = h2msg.method_path(headers)
-            entry, route, labels = router.route_of(*found, method, path)
-            repeat = self._repeat = _Repeat(headers, gen, entry, route, labels, grpc=grpc)
+            got = await self._repeat_for(headers, gen)
+            if isinstance(got, Answer):
+                return got
+            repeat = got
         handle = repeat.entry.balancer.pick(router.loop.time(), router.plane.rng, [])
         if handle is None:
             return h2msg.answer_for(503, outbound.no_endpoints(repeat.labels), grpc=repeat.grpc)
+        choice = self._choice(repeat, handle, headers)
+        if isinstance(choice, Answer):
+            return choice
+        hop = choice.hop
+        send = headers
+        if hop.kind == "local":
+            if repeat.sent_for is not headers:
+                identity = router.local_policy(choice)[1]["identity"]
+                repeat.send = h2msg.with_client_id(headers, identity)
+                repeat.sent_for = headers
+            send = repeat.send
+        route = repeat.route
+        return http2.Routed(
+            key=("h2", *hop.key, self.lane) if hop.kind == "mtls" else ("h2", *hop.key),
+            open=choice.open,
+            headers=send,
+            handle=handle,
+            route=route,
+            timeout_s=route.timeout_s if route is not None else None,
+            labels=choice.labels,
+        )
+
+    async def _repeat_for(self, headers: H2Headers, gen: int) -> _Repeat | Answer:
+        """The last stream's `_Repeat` if this one has its routing facts, else a new one:
+        steps 1 and 2, the destination entry, route and labels."""
+        facts = h2msg.routing_facts(headers)
+        repeat = self._repeat
+        if repeat is not None and repeat.gen == gen and repeat.facts == facts:
+            repeat.headers = headers
+            return repeat
+        router = self.router
+        found = await router.destination(h1msg.dst_override(headers))
+        if isinstance(found, outbound.Refusal):
+            return h2msg.answer_for(found.status, found.message, grpc=h2msg.is_grpc(headers))
+        method, path = h2msg.method_path(headers)
+        entry, route, labels = router.route_of(*found, method, path)
+        repeat = self._repeat = _Repeat(
+            headers, facts, gen=gen, entry=entry, route=route, labels=labels
+        )
+        return repeat
+
+    def _choice(self, repeat: _Repeat, handle: Handle, headers: H2Headers) -> Any:
+        """The hop to the picked endpoint (a `_Choice`), or the answer: the last one's when
+        it is the same endpoint (its authorization counted again), else step 3."""
         choice = repeat.choice
         if (
             handle.stats is repeat.stats
@@ -163,34 +213,24 @@ class OutboundStreams:
             if repeat.counted is not None:
                 repeat.counted.count()
         else:
+            router = self.router
             picked = router.hop(handle, repeat.labels, [])
             if isinstance(picked, outbound.Refusal):
                 return h2msg.answer_for(picked.status, picked.message, grpc=repeat.grpc)
             choice = picked[1]
             repeat.stats = handle.stats
             repeat.choice = choice
-            repeat.send = headers
             repeat.denied = repeat.counted = None
+            repeat.sent_for = None
             if choice.hop.kind == "local":
-                policy_key, facts = router.local_policy(choice)
+                policy_key, client = router.local_policy(choice)
                 repeat.denied, repeat.counted = authorize_stream(
-                    self.worker, policy_key, headers, router.authz_cache, facts
+                    self.worker, policy_key, headers, router.authz_cache, client
                 )
-                repeat.send = h2msg.with_client_id(headers, facts["identity"])
         if repeat.denied is not None:
             handle.cancel()
             return repeat.denied
-        hop = choice.hop
-        route = repeat.route
-        return http2.Routed(
-            key=("h2", *hop.key, self.lane) if hop.kind == "mtls" else ("h2", *hop.key),
-            open=choice.open,
-            headers=repeat.send,
-            handle=handle,
-            route=route,
-            timeout_s=route.timeout_s if route is not None else None,
-            labels=choice.labels,
-        )
+        return choice
 
 
 class InboundStreams:
@@ -217,22 +257,33 @@ class InboundStreams:
         self.key = ("h2app", pod.netns, addr)
         self.open = transport_opener(worker, netns=pod.netns, addr=addr)
         self.downgrade = Downgrade(plane_of(worker).pool, (pod.netns, addr), self.open, self.labels)
-        # The last stream's headers, state generation, decision and what is sent (see
-        # `_Repeat`): a plain (not upgraded) stream's routing, reused by an identical one.
-        self._repeat: tuple[H2Headers, int, BoundAuthz, Answer | http2.Routed] | None = None
+        # The last stream's routing facts, state generation and decision (see `_Repeat`),
+        # with the list and what was routed for it (a plain, not upgraded, stream).
+        self._repeat: tuple[h2msg.RoutingFacts, int, BoundAuthz, Answer | None] | None = None
+        self._routed: tuple[H2Headers, http2.Routed] | None = None
 
     async def route(self, headers: H2Headers) -> http2.Routed | Answer:
         gen = self.worker.state.generation
         repeat = self._repeat
-        if repeat is not None and repeat[0] is headers and repeat[1] == gen:
-            repeat[2].count()
-            return repeat[3]  # an Answer, or a Routed with nothing per stream in it
+        routed = self._routed
+        if repeat is not None and repeat[1] == gen:
+            if routed is not None and routed[0] is headers:
+                repeat[2].count()
+                return routed[1]  # nothing per stream in it
+            facts = h2msg.routing_facts(headers)
+            if repeat[0] == facts:
+                repeat[2].count()
+                return repeat[3] if repeat[3] is not None else self._allowed(headers)
+        else:
+            facts = h2msg.routing_facts(headers)
         denied, counted = authorize_stream(
             self.worker, self.policy_key, headers, self.authz_cache, self.authz_facts
         )
-        if denied is not None:
-            self._repeat = (headers, gen, counted, denied)
-            return denied
+        self._repeat = (facts, gen, counted, denied)
+        self._routed = None  # routed under the last decision only
+        return denied if denied is not None else self._allowed(headers)
+
+    def _allowed(self, headers: H2Headers) -> http2.Routed:
         send = h2msg.with_client_id(headers, self.facts.client_identity)
         request = origproto.downgrade_request(send)
         routed = http2.Routed(
@@ -242,7 +293,7 @@ class InboundStreams:
             labels=self.labels,
             h1=(self.downgrade, request) if request is not None else None,
         )
-        self._repeat = (headers, gen, counted, routed) if request is None else None
+        self._routed = (headers, routed) if request is None else None
         return routed
 
 

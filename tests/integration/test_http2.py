@@ -60,7 +60,7 @@ for port in ports:
     def echo(req, ctx, who=who):
         md = dict(ctx.invocation_metadata())
         return json.dumps({"server": who, "client_id": md.get("l5d-client-id"),
-                           "len": len(req)}).encode()
+                           "len": len(req), "n": md.get("x-n")}).encode()
     def stream(req, ctx, who=who):
         for i in range(int(req or b"5")):
             time.sleep(0.2)
@@ -150,25 +150,29 @@ ch.close()
 print(json.dumps(out), flush=True)
 """
 
-# Identical calls on one h2 connection (hyper-h2, whose encoder makes every repeated
-# header block the same bytes): `count` calls, a line on stdin, `count` more. Prints the
-# grpc-status of each.
+# Calls on one h2 connection (hyper-h2, whose encoder makes every repeated header block
+# the same bytes): `count` calls, a line on stdin, `count` more. `vary`: each call carries
+# its own `x-n` (a new table entry, so no block repeats). Prints each call's grpc-status
+# and, when it succeeded, the `l5d-client-id` and `x-n` the server saw.
 REPEAT = r"""
 import json, socket, sys
 import h2.config, h2.connection, h2.events
-host, port, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+host, port, count, vary = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 sock = socket.create_connection((host, port), timeout=20)
 conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
 conn.initiate_connection()
 sock.sendall(conn.data_to_send())
 head = [(":method", "POST"), (":scheme", "http"), (":authority", f"{host}:{port}"),
         (":path", "/t.T/Echo"), ("content-type", "application/grpc"), ("te", "trailers")]
+calls = 0
 def call():
+    global calls
+    calls += 1
     sid = conn.get_next_available_stream_id()
-    conn.send_headers(sid, head)
+    conn.send_headers(sid, head + ([("x-n", str(calls))] if vary else []))
     conn.send_data(sid, b"\0\0\0\0\2hi", end_stream=True)
     sock.sendall(conn.data_to_send())
-    status = None
+    status, body = None, b""
     while True:
         data = sock.recv(65536)
         if not data:
@@ -178,13 +182,14 @@ def call():
                 got = dict((bytes(k), bytes(v)) for k, v in ev.headers)
                 status = got.get(b"grpc-status", status)
             elif isinstance(ev, h2.events.DataReceived):
+                body += ev.data
                 conn.acknowledge_received_data(ev.flow_controlled_length, sid)
             elif isinstance(ev, h2.events.StreamEnded) and ev.stream_id == sid:
                 sock.sendall(conn.data_to_send())
-                return int(status)
+                seen = json.loads(body[5:]) if body else {}
+                return [int(status), seen.get("client_id"), seen.get("n")]
         sock.sendall(conn.data_to_send())
-codes = [call() for _ in range(count)]
-print(json.dumps(codes), flush=True)
+print(json.dumps([call() for _ in range(count)]), flush=True)
 sys.stdin.readline()
 print(json.dumps([call() for _ in range(count)]), flush=True)
 """
@@ -345,13 +350,15 @@ async def test_policy_denies_with_permission_denied_and_allows_alpha(world, wher
     assert [c["client_id"] for c in allowed["calls"]] == [ALPHA.dns_name] * 3
 
 
+@pytest.mark.parametrize("vary", [False, True], ids=["identical", "varying"])
 @pytest.mark.parametrize("where", ["remote", "local"])
-async def test_a_policy_change_applies_to_the_next_identical_stream_on_a_connection(world, where):
-    """h2route's `_Repeat`: a stream with the last stream's header list reuses its decision
-    only within one state generation; a policy pushed in between decides the next one."""
+async def test_a_policy_change_applies_to_the_next_alike_stream_on_a_connection(world, where, vary):
+    """h2route's `_Repeat`: a stream with the last stream's header list (identical) or
+    routing facts (varying) reuses its decision only within one state generation, and
+    sends its own headers; a policy pushed in between decides the next one."""
     vip, srv = WHERE[where]
     node = "n1" if where == "local" else "n2"
-    argv = [sys.executable, "-c", REPEAT, vip, "50051", "4"]
+    argv = [sys.executable, "-c", REPEAT, vip, "50051", "4", "1" if vary else "0"]
     proc = world.pods["a"].spawn(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -371,8 +378,9 @@ async def test_a_policy_change_applies_to_the_next_identical_stream_on_a_connect
                 node, ("policy", f"shop/{srv}", port), allow_identities(ALPHA, name=f"{srv}-alpha")
             )
     assert proc.returncode == 0, stderr
-    assert json.loads(first) == [0] * 4
-    assert json.loads(stdout) == [7] * 4  # PERMISSION_DENIED, on the same connection
+    ns = [str(n) if vary else None for n in range(1, 5)]
+    assert json.loads(first) == [[0, ALPHA.dns_name, n] for n in ns]
+    assert json.loads(stdout) == [[7, None, None]] * 4  # PERMISSION_DENIED, same connection
 
 
 async def test_endpoint_removed_mid_load_loses_no_call(world):

@@ -117,3 +117,29 @@ def test_answers_pass_h2_validation_on_both_sides_whatever_the_message(status, m
     events = client.receive_data(server.data_to_send())  # and its inbound ones
     got = next(e for e in events if isinstance(e, h2.events.ResponseReceived))
     assert h2msg.status_of(list(got.headers)) == (200 if grpc else status)
+
+
+def test_routing_facts_are_what_routing_reads_in_one_pass() -> None:
+    headers = [
+        (b":method", b"POST"),
+        (b":path", b"/t.T/Echo?x=1"),
+        (b"content-type", b"application/grpc+proto"),
+        (b"grpc-timeout", b"99m"),
+        (b"l5d-dst-override", b"web.shop.svc.cluster.local:80"),
+        (b":path", b"/second"),  # only the first of each counts
+    ]
+    facts = h2msg.routing_facts(headers)
+    assert facts == (
+        b"POST",
+        b"/t.T/Echo",
+        b"web.shop.svc.cluster.local:80",
+        b"application/grpc+proto",
+    )
+    assert h2msg.is_grpc_type(facts[3])
+    # Another timeout or query: the same facts; another method or path: not.
+    other = [(b"grpc-timeout", b"12m") if k == b"grpc-timeout" else (k, v) for k, v in headers]
+    assert h2msg.routing_facts(other) == facts
+    assert h2msg.routing_facts([(b":method", b"GET"), *headers[1:]]) != facts
+    assert h2msg.routing_facts([]) == (None, None, None, None)
+    assert not h2msg.is_grpc_type(None)
+    assert not h2msg.is_grpc_type(b"text/plain")
