@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from agent.proxy import h2events, h2msg
 from agent.proxy.h2codec import H2Codec
@@ -28,13 +28,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-STREAM_WINDOW = 1 << 20  # what one stream may have in flight towards us (http2 rule 2)
-CONN_WINDOW = 8 << 20
-HIGH_WATER = 256 * 1024
-LOW_WATER = 64 * 1024
-FLUSH_BYTES = 64 * 1024  # DATA queued in the codec past this is written at once (http2 rule 8)
-IDLE_TIMEOUT_S = 60.0
-MAX_STREAMS = 1000  # concurrent streams a peer may open towards us
+STREAM_WINDOW: Final = 1 << 20  # what one stream may have in flight towards us (http2 rule 2)
+CONN_WINDOW: Final = 8 << 20
+HIGH_WATER: Final = 256 * 1024
+LOW_WATER: Final = 64 * 1024
+# DATA queued in the codec past this is written at once (http2 rule 8)
+FLUSH_BYTES: Final = 64 * 1024
+IDLE_TIMEOUT_S: Final = 60.0
+MAX_STREAMS: Final = 1000  # concurrent streams a peer may open towards us
 
 
 class H2Conn(asyncio.Protocol):

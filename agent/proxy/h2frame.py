@@ -23,44 +23,44 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Any, cast
+from typing import Any, Final, cast
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-HEADER = struct.Struct(">HBBBL")  # length (24 bits as 16 + 8), type, flags, stream id
-HEADER_SIZE = 9
-DEFAULT_WINDOW = 65535
-DEFAULT_MAX_FRAME = 1 << 14
-MAX_FRAME_LIMIT = (1 << 24) - 1
-MAX_WINDOW = (1 << 31) - 1
-SID_MASK = MAX_WINDOW
+PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+HEADER: Final = struct.Struct(">HBBBL")  # length (24 bits as 16 + 8), type, flags, stream id
+HEADER_SIZE: Final = 9
+DEFAULT_WINDOW: Final = 65535
+DEFAULT_MAX_FRAME: Final = 1 << 14
+MAX_FRAME_LIMIT: Final = (1 << 24) - 1
+MAX_WINDOW: Final = (1 << 31) - 1
+SID_MASK: Final = MAX_WINDOW
 
 # frame types
-DATA = 0x0
-HEADERS = 0x1
-PRIORITY = 0x2
-RST_STREAM = 0x3
-SETTINGS = 0x4
-PUSH_PROMISE = 0x5
-PING = 0x6
-GOAWAY = 0x7
-WINDOW_UPDATE = 0x8
-CONTINUATION = 0x9
+DATA: Final = 0x0
+HEADERS: Final = 0x1
+PRIORITY: Final = 0x2
+RST_STREAM: Final = 0x3
+SETTINGS: Final = 0x4
+PUSH_PROMISE: Final = 0x5
+PING: Final = 0x6
+GOAWAY: Final = 0x7
+WINDOW_UPDATE: Final = 0x8
+CONTINUATION: Final = 0x9
 
 # flags
-END_STREAM = 0x1
-ACK = 0x1
-END_HEADERS = 0x4
-PADDED = 0x8
-PRIORITY_FLAG = 0x20
+END_STREAM: Final = 0x1
+ACK: Final = 0x1
+END_HEADERS: Final = 0x4
+PADDED: Final = 0x8
+PRIORITY_FLAG: Final = 0x20
 
 # settings
-HEADER_TABLE_SIZE = 0x1
-ENABLE_PUSH = 0x2
-MAX_CONCURRENT_STREAMS = 0x3
-INITIAL_WINDOW_SIZE = 0x4
-MAX_FRAME_SIZE = 0x5
-MAX_HEADER_LIST_SIZE = 0x6
-SETTING = struct.Struct(">HL")
+HEADER_TABLE_SIZE: Final = 0x1
+ENABLE_PUSH: Final = 0x2
+MAX_CONCURRENT_STREAMS: Final = 0x3
+INITIAL_WINDOW_SIZE: Final = 0x4
+MAX_FRAME_SIZE: Final = 0x5
+MAX_HEADER_LIST_SIZE: Final = 0x6
+SETTING: Final = struct.Struct(">HL")
 
 
 class ErrorCode(enum.IntEnum):
@@ -95,17 +95,17 @@ def settings_payload(values: dict[int, int]) -> bytes:
 # --- received header lists ------------------------------------------------------------
 
 # RFC 9113 8.2.1: visible ASCII, no upper case, no colon (pseudo-headers aside)
-_NAME_OK = bytes(c for c in range(0x21, 0x7F) if not 0x41 <= c <= 0x5A and c != 0x3A)
-_VALUE_OK = bytes(c for c in range(256) if c not in (0x0, 0xA, 0xD))
-_CONNECTION_FIELDS = frozenset(
+_NAME_OK: Final = bytes(c for c in range(0x21, 0x7F) if not 0x41 <= c <= 0x5A and c != 0x3A)
+_VALUE_OK: Final = bytes(c for c in range(256) if c not in (0x0, 0xA, 0xD))
+_CONNECTION_FIELDS: Final = frozenset(
     (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
 )
-_REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
-_RESPONSE_PSEUDO = frozenset((b":status",))
-_WHITESPACE = (32, 9)
-_LENGTH_DIGITS = 18  # past this a length is absurd (and int() of 4,300 digits raises)
-_GOOD: set[Any] = set()  # fields whose own bytes were found well-formed (rule 3)
-_GOOD_MAX = 4096
+_REQUEST_PSEUDO: Final = frozenset((b":method", b":scheme", b":path", b":authority"))
+_RESPONSE_PSEUDO: Final = frozenset((b":status",))
+_WHITESPACE: Final = (32, 9)
+_LENGTH_DIGITS: Final = 18  # past this a length is absurd (and int() of 4,300 digits raises)
+_GOOD: Final[set[Any]] = set()  # fields whose own bytes were found well-formed (rule 3)
+_GOOD_MAX: Final = 4096
 
 
 def _field(name: bytes, value: bytes) -> str | None:

@@ -34,7 +34,7 @@ Rules:
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from hpack import NeverIndexedHeaderTuple
 from hpack.huffman_table import decode_huffman
@@ -43,17 +43,17 @@ from hpack.table import HeaderTable
 from agent.errors import AgentError
 
 Field = tuple[bytes, bytes]
-DEFAULT_TABLE = 4096
-ENTRY_OVERHEAD = 32
-_STATIC: tuple[Field, ...] = tuple(HeaderTable.STATIC_TABLE)
-_FIRST_DYNAMIC = len(_STATIC) + 1  # 62
-_STATIC_EXACT: dict[Field, int] = {}
-_STATIC_NAME: dict[bytes, int] = {}
+DEFAULT_TABLE: Final = 4096
+ENTRY_OVERHEAD: Final = 32
+_STATIC: Final[tuple[Field, ...]] = tuple(HeaderTable.STATIC_TABLE)
+_FIRST_DYNAMIC: Final = len(_STATIC) + 1  # 62
+_STATIC_EXACT: Final[dict[Field, int]] = {}
+_STATIC_NAME: Final[dict[bytes, int]] = {}
 for _i, (_n, _v) in enumerate(_STATIC, start=1):
     _STATIC_EXACT.setdefault((_n, _v), _i)
     _STATIC_NAME.setdefault(_n, _i)
-MEMO = 64  # blocks the encoder remembers (rule 5)
-_MAX_INT_SHIFT = 28  # no index or length we accept needs more than 4 continuation bytes
+MEMO: Final = 64  # blocks the encoder remembers (rule 5)
+_MAX_INT_SHIFT: Final = 28  # no index or length we accept needs more than 4 continuation bytes
 
 
 class HpackError(AgentError):
@@ -107,7 +107,7 @@ def _read_str(block: bytes, pos: int) -> tuple[bytes, int]:
     return raw, end
 
 
-_BYTES = [bytes((i,)) for i in range(256)]
+_BYTES: Final = [bytes((i,)) for i in range(256)]
 
 
 def _int(value: int, bits: int, flags: int) -> bytes:

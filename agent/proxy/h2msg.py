@@ -26,7 +26,7 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from hpack import NeverIndexedHeaderTuple
 
@@ -34,13 +34,13 @@ from agent.proxy import h1msg
 
 H2Headers = list[tuple[bytes, bytes]]
 
-GRPC_DEADLINE_EXCEEDED = 4
-GRPC_PERMISSION_DENIED = 7
-GRPC_UNAVAILABLE = 14
-CLIENT_ID = b"l5d-client-id"
-_GRPC_FOR_STATUS = {403: GRPC_PERMISSION_DENIED, 404: 12, 504: GRPC_DEADLINE_EXCEEDED}
-_SECRET = frozenset((b"authorization", b"proxy-authorization"))
-_SHORT_COOKIE = 20  # shorter cookies are guessable through the HPACK table (as nghttp2)
+GRPC_DEADLINE_EXCEEDED: Final = 4
+GRPC_PERMISSION_DENIED: Final = 7
+GRPC_UNAVAILABLE: Final = 14
+CLIENT_ID: Final = b"l5d-client-id"
+_GRPC_FOR_STATUS: Final = {403: GRPC_PERMISSION_DENIED, 404: 12, 504: GRPC_DEADLINE_EXCEEDED}
+_SECRET: Final = frozenset((b"authorization", b"proxy-authorization"))
+_SHORT_COOKIE: Final = 20  # shorter cookies are guessable through the HPACK table (as nghttp2)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,4 +207,4 @@ def _valid(value: bytes) -> bytes:
     return value.translate(_SQUASH).strip(b" \t")
 
 
-_SQUASH = bytes.maketrans(b"\0\r\n", b"   ")
+_SQUASH: Final = bytes.maketrans(b"\0\r\n", b"   ")

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from agent.proxy.h2conn import H2Conn
 from agent.proxy.h2stream import H2Stream, StreamGoneError
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 Opener = Callable[[Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, Any]]]
 
-LANES = 4  # connections per endpoint per worker towards a meshed inbound (rule 2)
+LANES: Final = 4  # connections per endpoint per worker towards a meshed inbound (rule 2)
 _lane = 0
 
 
@@ -129,7 +129,7 @@ class H2Pool:
 
 # --- per-worker pools ---------------------------------------------------------------------
 
-_POOLS: weakref.WeakKeyDictionary[Any, H2Pool] = weakref.WeakKeyDictionary()
+_POOLS: Final[weakref.WeakKeyDictionary[Any, H2Pool]] = weakref.WeakKeyDictionary()
 
 
 def pool_of(worker: Any) -> H2Pool:

@@ -8,7 +8,7 @@ RST_STREAM, GOAWAY) is queued with the sending half's frames.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from agent.proxy import h2frame as f
 from agent.proxy.h2events import (
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
     from agent.proxy.h2events import Headers
 
-_NO_BODY_STATUS = (b"204", b"304")
-_WINDOW_UPDATED = WindowUpdated()
+_NO_BODY_STATUS: Final = (b"204", b"304")
+_WINDOW_UPDATED: Final = WindowUpdated()
 
 
 class Receiver(CodecState):

@@ -7,7 +7,7 @@ h2codec's.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from agent.proxy import h2frame as f
 from agent.proxy.h2events import H2ConnectionError, H2StreamClosedError
@@ -16,8 +16,8 @@ from agent.proxy.h2hpack import Decoder, Encoder
 if TYPE_CHECKING:
     from agent.proxy.h2frame import ErrorCode
 
-MAX_HEADER_LIST = 64 * 1024  # decoded size we accept (advertised), as nghttp2's default
-MAX_HEADER_BLOCK = 256 * 1024  # encoded bytes across CONTINUATIONs before we give up
+MAX_HEADER_LIST: Final = 64 * 1024  # decoded size we accept (advertised), as nghttp2's default
+MAX_HEADER_BLOCK: Final = 256 * 1024  # encoded bytes across CONTINUATIONs before we give up
 
 
 class StreamError(Exception):

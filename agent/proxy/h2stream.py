@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from agent.proxy import h2msg
 from agent.proxy.h2events import H2ConnectionError, H2StreamClosedError
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CANCEL = ErrorCode.CANCEL
-NO_ERROR = ErrorCode.NO_ERROR
-_GONE = (H2StreamClosedError, H2ConnectionError)
+CANCEL: Final = ErrorCode.CANCEL
+NO_ERROR: Final = ErrorCode.NO_ERROR
+_GONE: Final = (H2StreamClosedError, H2ConnectionError)
 
 
 class StreamGoneError(Exception):
@@ -85,7 +85,7 @@ class Reset:
 
 
 Item = Head | Data | Trailers | End | Reset
-END = End()  # the one shared plain end (items are never mutated)
+END: Final = End()  # the one shared plain end (items are never mutated)
 
 
 class H2Stream:

@@ -59,11 +59,10 @@ agent.proxy.h2codec (the protocol, sans-I/O), agent.proxy.h2hpack (HPACK).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Hashable  # noqa: TC003 - a field type, see below
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from agent import aio
 from agent.proxy import h2msg
@@ -94,8 +93,21 @@ from agent.proxy.upstream import UpstreamError
 
 logger = logging.getLogger(__name__)
 
-ANSWER_DRAIN_S = 5.0  # after answering early, how long the rest of a request is read
-_NO_TIMEOUT = contextlib.nullcontext()  # reusable; asyncio.timeout(None) costs a task lookup
+ANSWER_DRAIN_S: Final = 5.0  # after answering early, how long the rest of a request is read
+
+
+class _NoTimeout:
+    """`async with` doing nothing, compiled with this module (contextlib's `nullcontext`
+    runs in the interpreter, twice per stream); asyncio.timeout(None) costs a task lookup."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: object, exc: object, tb: object) -> None:
+        return None
+
+
+_NO_TIMEOUT: Final = _NoTimeout()  # reusable
 
 
 # --- routing a stream ---------------------------------------------------------------------
