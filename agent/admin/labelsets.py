@@ -36,7 +36,7 @@ Rules:
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from agent.admin.families import OWNER_KINDS
 from agent.admin.metrics import (
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from agent.proxy.record import Labels
     from agent.proxy.worker import Conn, Worker
 
-SVC_AUTHORITY = re.compile(r"^([^.]+)\.([^.]+)\.svc\.[^:]*:(\d+)$")
+SVC_AUTHORITY: Final = re.compile(r"^([^.]+)\.([^.]+)\.svc\.[^:]*:(\d+)$")
 
 
 class LabelSets:

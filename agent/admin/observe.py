@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from agent import aio
 from agent.admin.labelsets import SVC_AUTHORITY
@@ -57,8 +57,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-REPORT_S = 1.0
-TAP_FLUSH_S = 0.1
+REPORT_S: Final = 1.0
+TAP_FLUSH_S: Final = 0.1
 
 
 class _Open:
@@ -165,9 +165,9 @@ class _BoundAuthz:
             obs._fail(exc, "authz")  # noqa: SLF001
 
 
-_CLOSED = object()
-_TAP_KEY = (TAP,)
-_CONN_CACHE_MAX = 64  # label sets cached per connection (cleared when full)
+_CLOSED: Final = object()
+_TAP_KEY: Final = (TAP,)
+_CONN_CACHE_MAX: Final = 64  # label sets cached per connection (cleared when full)
 
 
 class Observer(Tapping):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from agent.admin.labelsets import LabelSets, conn_pod, parse_addr
 from agent.proxy import channel as ch
@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from agent.proxy.record import Labels
     from agent.proxy.worker import Conn, Worker
 
-TAP_RING = 1024
-TAP = "tap"  # state key ("tap",) -> frozenset of pod keys being tapped ("*": all)
+TAP_RING: Final = 1024
+TAP: Final = "tap"  # state key ("tap",) -> frozenset of pod keys being tapped ("*": all)
 
 
 class Tapping(LabelSets):

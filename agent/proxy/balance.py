@@ -28,7 +28,7 @@ Rules:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from agent.proxy.accrual import AccrualPolicy, FailureAccrual, Rng, State
 
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
     from agent.proxy.model import Endpoint
 
-DEFAULT_DECAY_S = 10.0
-DEFAULT_RTT_S = 0.030
+DEFAULT_DECAY_S: Final = 10.0
+DEFAULT_RTT_S: Final = 0.030
 
 
 class EndpointStats:

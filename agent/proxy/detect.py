@@ -23,12 +23,12 @@ from __future__ import annotations
 import enum
 from typing import Final, Literal
 
-MAX_DETECT_BYTES = 8192  # bytes read before giving up on finding an HTTP request line
+MAX_DETECT_BYTES: Final = 8192  # bytes read before giving up on finding an HTTP request line
 H2_PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 HTTP_METHODS: Final = frozenset(
     {b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"CONNECT", b"OPTIONS", b"TRACE", b"PATCH"}
 )
-_MAX_METHOD_LEN = max(len(m) for m in HTTP_METHODS)
+_MAX_METHOD_LEN: Final = max(len(m) for m in HTTP_METHODS)
 _VERSIONS: Final = (b"HTTP/1.1", b"HTTP/1.0")
 
 
@@ -98,10 +98,10 @@ def _is_request_line(buf: bytes, space: int, end: int) -> bool:
 
 # --- TLS ----------------------------------------------------------------------
 
-_TLS_HANDSHAKE = 0x16
-_CLIENT_HELLO = 0x01
-_EXT_SERVER_NAME = 0x0000
-_MAX_HELLO_LEN = 1 << 16  # refuse to buffer more than this for one ClientHello
+_TLS_HANDSHAKE: Final = 0x16
+_CLIENT_HELLO: Final = 0x01
+_EXT_SERVER_NAME: Final = 0x0000
+_MAX_HELLO_LEN: Final = 1 << 16  # refuse to buffer more than this for one ClientHello
 
 
 def is_tls_client_hello(prefix: bytes) -> bool | NeedMore:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from agent.proxy import http1
 from agent.proxy.h1upstream import HIGH_WATER, LOW_WATER
@@ -32,7 +32,7 @@ from agent.proxy.http1 import END, BodyData, MessageEnd
 if TYPE_CHECKING:
     from agent.proxy.httpproxy import HttpConn
 
-MAX_QUEUED_EVENTS = 256
+MAX_QUEUED_EVENTS: Final = 256
 
 
 class ClientGoneError(Exception):

@@ -23,7 +23,7 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from agent.proxy import h1msg, http1, record
 from agent.proxy.h1plan import Plan, Target, reject
@@ -45,9 +45,9 @@ if TYPE_CHECKING:
     from agent.proxy.h1upstream import UpstreamConn
     from agent.proxy.httpproxy import HttpConn
 
-WHOLE_PIECES_MAX = 16  # body pieces of a request the callback path takes at once
-KEEP_TE = frozenset({b"transfer-encoding"})
-NO_KEEP: frozenset[bytes] = frozenset()
+WHOLE_PIECES_MAX: Final = 16  # body pieces of a request the callback path takes at once
+KEEP_TE: Final = frozenset({b"transfer-encoding"})
+NO_KEEP: Final[frozenset[bytes]] = frozenset()
 
 HeadOut = tuple[list[bytes | memoryview], bool]
 

@@ -9,14 +9,14 @@ shared with the HTTP/2 shell).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from agent.proxy.http1 import Headers
 
-HOP_BY_HOP = frozenset(
+HOP_BY_HOP: Final = frozenset(
     {
         b"connection",
         b"keep-alive",
@@ -27,10 +27,10 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-_HOP_LENGTHS = frozenset(len(n) for n in HOP_BY_HOP)
-DST_OVERRIDE = b"l5d-dst-override"
-CLIENT_ID = b"l5d-client-id"
-PROXY_ERROR = b"l5d-proxy-error"
+_HOP_LENGTHS: Final = frozenset(len(n) for n in HOP_BY_HOP)
+DST_OVERRIDE: Final = b"l5d-dst-override"
+CLIENT_ID: Final = b"l5d-client-id"
+PROXY_ERROR: Final = b"l5d-proxy-error"
 
 
 def get_header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
@@ -115,7 +115,7 @@ def response_head_bytes(
     return b"".join(parts)
 
 
-REASONS = {
+REASONS: Final = {
     200: b"OK",
     400: b"Bad Request",
     403: b"Forbidden",
@@ -149,9 +149,9 @@ def error_response(status: int, message: str, *, close: bool = False) -> bytes:
     return response_head_bytes(status, headers)
 
 
-GRPC_PERMISSION_DENIED = 7
-GRPC_UNAVAILABLE = 14
-GRPC_DEADLINE_EXCEEDED = 4
+GRPC_PERMISSION_DENIED: Final = 7
+GRPC_UNAVAILABLE: Final = 14
+GRPC_DEADLINE_EXCEEDED: Final = 4
 
 
 def grpc_error_headers(grpc_status: int, message: str) -> Headers:

@@ -29,7 +29,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from agent.proxy import http1
 from agent.proxy.http1 import BodyData, MessageEnd, ProtocolError, ResponseHead, Upgraded
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 
     from agent.proxy.h1fast import CallbackExchange
 
-HIGH_WATER = 256 * 1024
-LOW_WATER = 64 * 1024
+HIGH_WATER: Final = 256 * 1024
+LOW_WATER: Final = 64 * 1024
 
 
 class Exchange:

@@ -44,23 +44,24 @@ import enum
 import re
 from collections import deque
 from dataclasses import dataclass
+from typing import Final
 
 Headers = list[tuple[bytes, bytes]]
 Input = bytes | bytearray | memoryview  # what `feed` takes (copied to bytes unless bytes)
 
-MAX_HEAD_BYTES = 64 * 1024
-MAX_CHUNK_LINE = 4096
+MAX_HEAD_BYTES: Final = 64 * 1024
+MAX_CHUNK_LINE: Final = 4096
 
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
-_CTL = re.compile(rb"[\x00-\x20\x7f]")
-_BAD_START = re.compile(rb"[\x00\r\n]")
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_CTL: Final = re.compile(rb"[\x00-\x20\x7f]")
+_BAD_START: Final = re.compile(rb"[\x00\r\n]")
 # One header line: token ":" OWS value OWS CRLF; no obs-fold, no bare CR/LF, no NUL.
 # The value keeps trailing whitespace (a lazy match to drop it costs 50% more); forwarding it is
 # harmless and the framing facts strip it.
-_HEADER_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\r\n\x00]*)\r\n")
-_HEADER_SECTION = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n\x00]*\r\n)*")
-_ANY_VERSION = re.compile(rb"HTTP/[0-9]\.[0-9]")
+_HEADER_LINE: Final = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([^\r\n\x00]*)\r\n")
+_HEADER_SECTION: Final = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n\x00]*\r\n)*")
+_ANY_VERSION: Final = re.compile(rb"HTTP/[0-9]\.[0-9]")
 
 
 class Framing(enum.Enum):
@@ -126,7 +127,7 @@ class MessageEnd:
         self.trailers = trailers
 
 
-END = MessageEnd()  # the one shared end event of the fast paths (events are never mutated)
+END: Final = MessageEnd()  # the one shared end event of the fast paths (events are never mutated)
 
 
 @dataclass(slots=True)
@@ -166,8 +167,8 @@ class _S(enum.IntEnum):
         return self.name.lower().replace("_", "-")
 
 
-_CHUNKED_STATES = frozenset({_S.CHUNK_SIZE, _S.CHUNK_DATA, _S.CHUNK_CRLF, _S.TRAILERS})
-_TERMINAL = frozenset({_S.CLOSED, _S.SWITCHED, _S.ERROR})
+_CHUNKED_STATES: Final = frozenset({_S.CHUNK_SIZE, _S.CHUNK_DATA, _S.CHUNK_CRLF, _S.TRAILERS})
+_TERMINAL: Final = frozenset({_S.CLOSED, _S.SWITCHED, _S.ERROR})
 
 
 class _Invalid(Exception):  # noqa: N818 - private control flow inside head parsing
@@ -189,11 +190,11 @@ class _HeadFacts:
     expect_continue: bool = False
 
 
-_NO_FACTS = _HeadFacts()  # shared and never mutated: only built facts are written to
-_FACT_NAMES = frozenset(
+_NO_FACTS: Final = _HeadFacts()  # shared and never mutated: only built facts are written to
+_FACT_NAMES: Final = frozenset(
     {b"content-length", b"transfer-encoding", b"connection", b"upgrade", b"expect"}
 )
-_FACT_LENGTHS = frozenset(len(n) for n in _FACT_NAMES)
+_FACT_LENGTHS: Final = frozenset(len(n) for n in _FACT_NAMES)
 
 
 class _Parser:
@@ -475,11 +476,11 @@ def _keep_alive(version: bytes, tokens: frozenset[bytes]) -> bool:
 # Parsed heads by their bytes (a pure function of them): clients and servers repeat the
 # same heads, so most parses are one dict lookup. Bounded. A hit returns the cached head
 # object itself: heads and their header lists are never mutated (see "Events" above).
-_CACHE_BLOCK_MAX = 2048
-_CACHE_ENTRIES_MAX = 256
-_REQUEST_HEADS: dict[bytes, RequestHead] = {}
+_CACHE_BLOCK_MAX: Final = 2048
+_CACHE_ENTRIES_MAX: Final = 256
+_REQUEST_HEADS: Final[dict[bytes, RequestHead]] = {}
 # Responses by head bytes, one table for answers to HEAD (index 1) and one for the rest (0).
-_RESPONSE_HEADS: tuple[dict[bytes, ResponseHead], dict[bytes, ResponseHead]] = ({}, {})
+_RESPONSE_HEADS: Final[tuple[dict[bytes, ResponseHead], dict[bytes, ResponseHead]]] = ({}, {})
 
 
 class RequestParser(_Parser):
@@ -617,7 +618,7 @@ class _Pending:
     is_head: bool  # the response has no body whatever its framing says
 
 
-_PENDING: dict[bytes, _Pending] = {}  # by method, for requests asking no upgrade (immutable)
+_PENDING: Final[dict[bytes, _Pending]] = {}  # by method, for requests asking no upgrade (immutable)
 
 
 class ResponseParser(_Parser):

@@ -55,7 +55,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from typing import cast
+from typing import Final, cast
 
 from agent.proxy import h1msg, h1toh2, h2pool, writes
 from agent.proxy.h1client import ClientGoneError as _ClientGoneError
@@ -86,10 +86,11 @@ from agent.proxy.upstream import ConnPool, UpstreamError
 
 logger = logging.getLogger(__name__)
 
-REPLAY_LIMIT = 64 * 1024
-MAX_ATTEMPTS = 5  # per request, original included; the retry budget bounds the total too
-COALESCE_LIMIT = 16 * 1024  # body bytes copied to join a head in one write; more go separately
-_HEAD_CACHE_MAX = 32  # request heads (as received -> as sent) cached per connection
+REPLAY_LIMIT: Final = 64 * 1024
+MAX_ATTEMPTS: Final = 5  # per request, original included; the retry budget bounds the total too
+# body bytes copied to join a head in one write; more go separately
+COALESCE_LIMIT: Final = 16 * 1024
+_HEAD_CACHE_MAX: Final = 32  # request heads (as received -> as sent) cached per connection
 
 __all__ = ["HttpConn", "Opener", "Plan", "Reject", "Router", "Target", "reject", "serve"]
 

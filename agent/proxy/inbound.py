@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from agent.errors import AgentError
 from agent.identity.tls import peer_identity
@@ -62,19 +62,20 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DIRECTION = "inbound"
-POLICY_WAIT_S = 1.0
-POD_WAIT_S = 2.0
-TLS_SNIFF_TIMEOUT_S = 10.0
-OPAQUE_SNIFF_TIMEOUT_S = 1.0  # server-speaks-first apps on opaque ports wait this long at most
-HANDSHAKE_TIMEOUT_S = 10.0
+DIRECTION: Final = "inbound"
+POLICY_WAIT_S: Final = 1.0
+POD_WAIT_S: Final = 2.0
+TLS_SNIFF_TIMEOUT_S: Final = 10.0
+# server-speaks-first apps on opaque ports wait this long at most
+OPAQUE_SNIFF_TIMEOUT_S: Final = 1.0
+HANDSHAKE_TIMEOUT_S: Final = 10.0
 
 
 class _Plain:
     """Verdict of the TLS sniff: not a ClientHello."""
 
 
-_PLAIN = _Plain()
+_PLAIN: Final = _Plain()
 
 
 def _sniff_tls(buf: bytes, eof: bool) -> str | _Plain | NeedMore | None:
@@ -515,7 +516,7 @@ async def _terminate(
     return tlsx, identity
 
 
-_DECLARED = {  # a policy's declared protocol, as served (the others are detected)
+_DECLARED: Final = {  # a policy's declared protocol, as served (the others are detected)
     ProxyProtocol.HTTP1: Protocol.HTTP1,
     ProxyProtocol.HTTP2: Protocol.HTTP2,
     ProxyProtocol.GRPC: Protocol.HTTP2,

@@ -32,14 +32,16 @@ Rules:
 
 from __future__ import annotations
 
+from typing import Final
+
 from agent.proxy import h1msg
 from agent.proxy.h2msg import H2Headers, header, status_of
 from agent.proxy.http1 import Framing, Headers, RequestHead, ResponseHead
 
-ORIG_PROTO = b"l5d-orig-proto"
-ABSOLUTE = b"; absolute-form"
-LAST_CHUNK = b"0\r\n\r\n"
-_DROP = frozenset((b"host", ORIG_PROTO))
+ORIG_PROTO: Final = b"l5d-orig-proto"
+ABSOLUTE: Final = b"; absolute-form"
+LAST_CHUNK: Final = b"0\r\n\r\n"
+_DROP: Final = frozenset((b"host", ORIG_PROTO))
 
 
 def upgradable(head: RequestHead) -> bool:

@@ -39,7 +39,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from agent.errors import AgentError
 from agent.policy.authorize import Facts, parse_ip
@@ -65,9 +65,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DIRECTION = "outbound"
-DST_WAIT_S = 2.0
-DETECT_TIMEOUT_S = 10.0
+DIRECTION: Final = "outbound"
+DST_WAIT_S: Final = 2.0
+DETECT_TIMEOUT_S: Final = 10.0
 
 
 def _detect(buf: bytes, eof: bool) -> Protocol | NeedMore:
@@ -413,7 +413,7 @@ class OutboundRouter:
         return got
 
 
-_CACHE_MAX = 64  # entries per connection cache; cleared whole when full
+_CACHE_MAX: Final = 64  # entries per connection cache; cleared whole when full
 
 
 def _mesh_destination(

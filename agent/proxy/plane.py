@@ -25,7 +25,7 @@ import random
 import weakref
 from collections.abc import Hashable  # noqa: TC003 - a field type, see below
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from agent import aio
 from agent.policy.authorize import Facts, authorize
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-POLICY_RECHECK_S = 0.5
+POLICY_RECHECK_S: Final = 0.5
 T = TypeVar("T")
 
 
@@ -140,7 +140,7 @@ class Plane:
         self.pool.close()
 
 
-_PLANES: weakref.WeakKeyDictionary[Worker, Plane] = weakref.WeakKeyDictionary()
+_PLANES: Final[weakref.WeakKeyDictionary[Worker, Plane]] = weakref.WeakKeyDictionary()
 
 
 def plane_of(worker: Worker) -> Plane:

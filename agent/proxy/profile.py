@@ -20,6 +20,8 @@ Rules:
 
 from __future__ import annotations
 
+from typing import Final
+
 from agent.proxy.model import (
     MatchAll,
     MatchAny,
@@ -37,7 +39,7 @@ from agent.proxy.model import (
     StatusRange,
 )
 
-_SLOTS = 10
+_SLOTS: Final = 10
 
 
 def match_route(profile: Profile, method: str, path: str) -> Route | None:

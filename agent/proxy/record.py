@@ -28,12 +28,12 @@ Rules:
 from __future__ import annotations
 
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 Labels = dict[str, str]
 
-CONN: ContextVar[Any] = ContextVar("meshagent_conn", default=None)  # agent.proxy.worker.Conn
-REQUEST: ContextVar[Any] = ContextVar("meshagent_request", default=None)  # see rule 4
+CONN: Final[ContextVar[Any]] = ContextVar("meshagent_conn", default=None)  # agent.proxy.worker.Conn
+REQUEST: Final[ContextVar[Any]] = ContextVar("meshagent_request", default=None)  # see rule 4
 
 
 class Recorder(Protocol):

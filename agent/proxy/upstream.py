@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from agent.errors import AgentError, PKIError
 from agent.identity import tls as idtls
@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TLS_HANDSHAKE_TIMEOUT_S = 5.0
-POOL_IDLE_TIMEOUT_S = 60.0
-POOL_MAX_IDLE = 256
+TLS_HANDSHAKE_TIMEOUT_S: Final = 5.0
+POOL_IDLE_TIMEOUT_S: Final = 60.0
+POOL_MAX_IDLE: Final = 256
 
 
 class UpstreamError(AgentError):

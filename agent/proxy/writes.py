@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     import asyncio
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Flushes run outside any connection's context: they write for many connections.
-_CONTEXT = contextvars.Context()
+_CONTEXT: Final = contextvars.Context()
 
 
 class WriteBatch:
@@ -76,7 +76,7 @@ class WriteBatch:
                 transport.abort()
 
 
-_BATCHES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WriteBatch] = (
+_BATCHES: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WriteBatch]] = (
     weakref.WeakKeyDictionary()
 )
 
