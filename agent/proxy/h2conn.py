@@ -248,6 +248,11 @@ class H2Conn(asyncio.Protocol):
         self._waiters.append(fut)
         await fut
 
+    def takes_now(self, size: int) -> bool:
+        """Whether `size` more DATA bytes go to the codec without `drained` waiting after
+        them: the transport is not paused and they stay under `FLUSH_BYTES` (no write)."""
+        return not self._write_paused and self._queued + size < FLUSH_BYTES
+
     async def drained(self) -> None:
         """Until the transport's write buffer is below low water (or it is gone)."""
         while self._write_paused and not self.closed:

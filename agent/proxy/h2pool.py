@@ -74,6 +74,17 @@ class H2Pool:
                 continue
         raise UpstreamError(str(key), "upstream h2 connections refuse new streams")
 
+    def stream_now(self, key: Hashable, headers: H2Headers, *, end: bool) -> H2Stream | None:
+        """`stream` without waiting: a new request stream on an established connection to
+        `key` that can take one; None when there is none (or it refused)."""
+        for conn in self._conns.get(key, ()):
+            if conn.usable:
+                try:
+                    return conn.open_stream(headers, end=end)
+                except StreamGoneError:
+                    return None
+        return None
+
     async def _conn(self, key: Hashable, opener: Opener) -> H2Conn:
         while True:
             for conn in self._conns.get(key, ()):

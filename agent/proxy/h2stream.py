@@ -151,6 +151,17 @@ class H2Stream:
         while not self.items:
             self._waiter = self.conn.loop.create_future()
             await self._waiter
+        return self._take()
+
+    def next_now(self) -> Item | None:
+        """`next` without waiting: the next item when one is queued, else None.
+
+        Raises:
+            StreamGoneError: the stream was reset or its connection lost.
+        """
+        return self._take() if self.items else None
+
+    def _take(self) -> Item:
         item = self.items.popleft()
         if isinstance(item, Reset):
             self.items.appendleft(item)  # stays gone
@@ -214,6 +225,32 @@ class H2Stream:
             await conn.drained()
         if end:
             self.end()
+
+    def send_data_now(self, data: bytes, *, end: bool = False) -> bool:
+        """`send_data` when it would not wait: all of `data` fits the window and one
+        frame, and the connection takes it without a write (`H2Conn.takes_now`); else
+        False, with nothing sent.
+
+        Raises:
+            StreamGoneError: the stream is gone.
+        """
+        conn = self.conn
+        size = len(data)
+        self._check()
+        try:
+            fits = size <= conn.h2.window(self.sid) and size <= conn.h2.max_outbound_frame_size
+        except _GONE as exc:
+            raise self._lost(exc) from exc
+        if not (size and fits and conn.takes_now(size)):
+            return False
+        try:
+            conn.h2.send_data(self.sid, data, end=end)
+        except _GONE as exc:
+            raise self._lost(exc) from exc
+        conn.queued(size)
+        if end:
+            self._ended()
+        return True
 
     def end(self) -> None:
         """End our side of the stream (no-op when already ended).

@@ -45,7 +45,10 @@ Rules:
    request-body task; a plain end queued behind DATA goes in that DATA's last frame;
    a stream's task has one done callback (the connection's set keeps it referenced);
    a finished stream holds no reference cycle (`H2Stream.discard`), so reference
-   counting frees it, not the collector.
+   counting frees it, not the collector; what need not wait makes no coroutine (an
+   established upstream connection, `H2Pool.stream_now`; an item already queued,
+   `H2Stream.next_now`; DATA the window and the connection take at once,
+   `H2Stream.send_data_now`).
 
 9. Inbound, a stream marked `l5d-orig-proto` (an HTTP/1 request a peer proxy
    upgraded) goes to the app as HTTP/1 (agent.proxy.h2toh1), after the same
@@ -199,7 +202,7 @@ async def serve(
     return count
 
 
-async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> None:  # noqa: C901, PLR0912 - one stream's life, in order
+async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> None:  # noqa: C901, PLR0912, PLR0915 - one stream's life, in order
     """Serve one request stream end to end (rules 1-5, 7)."""
     loop = down.conn.loop
     t0 = loop.time()
@@ -222,7 +225,11 @@ async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> No
         deadline = t0 + routed.timeout_s if routed.timeout_s is not None else None
         try:
             async with _NO_TIMEOUT if deadline is None else asyncio.timeout_at(deadline):
-                up = await pool.stream(routed.key, routed.open, routed.headers, end=down.bodiless)
+                up = pool.stream_now(routed.key, routed.headers, end=down.bodiless)
+                if up is None:
+                    up = await pool.stream(
+                        routed.key, routed.open, routed.headers, end=down.bodiless
+                    )
                 pump = _link(down, up)
                 head = await _response_head(up)
         except (TimeoutError, UpstreamError) as exc:
@@ -308,7 +315,9 @@ async def _pump(src: H2Stream, dst: H2Stream, *, propagate: bool = False) -> int
     """
     try:
         while True:
-            item = await src.next()
+            item = src.next_now()
+            if item is None:
+                item = await src.next()
             if isinstance(item, Data):
                 if await _forward(src, dst, item):
                     return None
@@ -338,7 +347,8 @@ async def _forward(src: H2Stream, dst: H2Stream, item: Data) -> bool:
     """
     end = src.peek_end()
     try:
-        await dst.send_data(item.data, end=end)
+        if not dst.send_data_now(item.data, end=end):
+            await dst.send_data(item.data, end=end)
     except StreamGoneError:
         if dst.gone == NO_ERROR and dst.remote_ended:
             await _discard_rest(src)  # the response is complete: rule 3

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -25,7 +26,7 @@ import h2.settings
 from hpack import NeverIndexedHeaderTuple
 
 from agent import aio
-from agent.proxy import h2conn, h2msg, h2pool, h2stream, http2
+from agent.proxy import h2conn, h2frame, h2msg, h2pool, h2stream, http2
 
 MiB = 1 << 20
 
@@ -554,5 +555,54 @@ def test_finished_streams_leave_no_cycle_for_the_collector(cycles) -> None:
                 assert cycles((h2stream.H2Stream,)) == 0
             finally:
                 client.close()
+
+    aio.run(main())
+
+
+def test_what_need_not_wait_is_done_at_once_and_the_rest_waits() -> None:
+    """http2 rule 8: `send_data_now` sends DATA the window and the connection take at
+    once, and refuses (sending nothing) what would wait; `next_now` gives a queued item
+    or None; `H2Pool.stream_now` opens a stream only on an established connection."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        server = h2conn.H2Conn(client_side=False)
+        await loop.connect_accepted_socket(lambda: server, b)
+        pool = h2pool.H2Pool()
+        head = [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", b"/"),
+            (b":authority", b"x"),
+        ]
+        assert pool.stream_now("k", head, end=False) is None  # no connection yet
+
+        async def opener(factory):
+            return await loop.connect_accepted_socket(factory, a)
+
+        up = await pool.stream("k", opener, head, end=False)
+        again = pool.stream_now("k", head, end=True)  # the connection is there now
+        assert again is not None
+        assert again.conn is up.conn
+        assert up.send_data_now(b"x" * 100)
+        big = b"y" * (h2frame.DEFAULT_WINDOW + 1)  # past the window and one frame
+        assert not up.send_data_now(big)
+        assert not up.send_data_now(b"")  # nothing to send: the waiting path ends a stream
+        down = await server.next_incoming()
+        assert down is not None
+        item = await down.next()
+        assert isinstance(item, h2stream.Data)
+        assert item.data == b"x" * 100
+        await asyncio.sleep(0.05)
+        assert down.next_now() is None  # the refused DATA was never sent
+        assert up.send_data_now(b"z", end=True)
+        await asyncio.sleep(0.05)
+        last = down.next_now()
+        assert isinstance(last, h2stream.Data)
+        assert last.data == b"z"
+        assert isinstance(down.next_now(), h2stream.End)
+        pool.close()
+        server.close()
 
     aio.run(main())
