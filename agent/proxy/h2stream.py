@@ -203,24 +203,14 @@ class H2Stream:
         view = memoryview(data)
         while view:
             self._check()
-            try:
-                window = conn.h2.window(self.sid)
-            except _GONE as exc:
-                raise self._lost(exc) from exc
-            size = min(window, conn.h2.max_outbound_frame_size, len(view))
+            size = min(self._window(), conn.h2.max_outbound_frame_size, len(view))
             if size <= 0:
                 await conn.wait_window()
                 continue
             last = size == len(view)
-            chunk = data if last and size == len(data) else view[:size].tobytes()
-            try:
-                conn.h2.send_data(self.sid, chunk, end=end and last)
-            except _GONE as exc:
-                raise self._lost(exc) from exc
+            self._send(data if last and size == len(data) else view[:size].tobytes(), end and last)
             view = view[size:]
-            conn.queued(size)
             if end and last:
-                self._ended()
                 return
             await conn.drained()
         if end:
@@ -237,20 +227,32 @@ class H2Stream:
         conn = self.conn
         size = len(data)
         self._check()
-        try:
-            fits = size <= conn.h2.window(self.sid) and size <= conn.h2.max_outbound_frame_size
-        except _GONE as exc:
-            raise self._lost(exc) from exc
-        if not (size and fits and conn.takes_now(size)):
+        if not (
+            size
+            and size <= self._window()
+            and size <= conn.h2.max_outbound_frame_size
+            and conn.takes_now(size)
+        ):
             return False
+        self._send(data, end)
+        return True
+
+    def _window(self) -> int:
+        """What the peer lets this stream send now."""
         try:
-            conn.h2.send_data(self.sid, data, end=end)
+            return self.conn.h2.window(self.sid)
         except _GONE as exc:
             raise self._lost(exc) from exc
-        conn.queued(size)
+
+    def _send(self, chunk: bytes, end: bool) -> None:
+        """One DATA frame's worth to the codec (the stream's last when `end`)."""
+        try:
+            self.conn.h2.send_data(self.sid, chunk, end=end)
+        except _GONE as exc:
+            raise self._lost(exc) from exc
+        self.conn.queued(len(chunk))
         if end:
             self._ended()
-        return True
 
     def end(self) -> None:
         """End our side of the stream (no-op when already ended).
