@@ -77,6 +77,7 @@ MODULES = (
     ("proxy", "h2pool"),
     ("proxy", "h2recv"),
     ("proxy", "h2route"),
+    ("proxy", "h2serve"),
     ("proxy", "h2state"),
     ("proxy", "h2stream"),
     ("proxy", "h2toh1"),

@@ -3,8 +3,11 @@ client side towards an upstream (agent.proxy.http2's rules 2, 3, 6 and 8).
 
 It feeds received bytes to its `H2Codec` (agent.proxy.h2codec), turns events into
 items on its `H2Stream`s (agent.proxy.h2stream), hands new request streams to
-`next_incoming`, and writes what the codec queued once per loop iteration (`flush`),
-at once past `FLUSH_BYTES`.
+`on_incoming` (or `next_incoming`), and writes what the codec queued once per loop
+iteration (`flush`), at once past `FLUSH_BYTES`. After a batch of frames it calls the
+sinks of the streams that got something (`touch`, `run_sinks`), then `on_incoming` for
+each new request stream: what one read brought is seen whole (a request's DATA and
+end, a response's head and end), so it goes on in as few frames.
 """
 
 from __future__ import annotations
@@ -64,6 +67,12 @@ class H2Conn(asyncio.Protocol):
         self._waiters: list[asyncio.Future[None]] = []  # window or drain or news
         self._idle: asyncio.TimerHandle | None = None
         self.on_idle: Callable[[H2Conn], None] | None = None
+        # Server side: given each new request stream after the batch it came in (else
+        # queued for `next_incoming`).
+        self.on_incoming: Callable[[H2Stream], None] | None = None
+        self.touched: list[H2Stream] = []  # streams whose sink is due
+        self._batch = False  # in a batch: touched sinks run at its end
+        self._sinks_soon = False
 
     # --- asyncio callbacks --------------------------------------------------------
 
@@ -75,16 +84,32 @@ class H2Conn(asyncio.Protocol):
         self.flush()
 
     def data_received(self, data: bytes) -> None:
+        self._batch = True
+        try:
+            ok = self._receive(data)
+        finally:
+            self._batch = False
+            if self.touched:
+                self.run_sinks()
+        start = self.on_incoming
+        if ok and start is not None:
+            incoming = self.incoming
+            while incoming:
+                start(incoming.popleft())
+        self.flush()
+
+    def _receive(self, data: bytes) -> bool:
+        """Feed the codec and dispatch its events; False after a connection error."""
         try:
             events = self.h2.receive(data)
         except H2ConnectionError as exc:
             logger.info("h2 protocol error, closing", extra={"error": str(exc)})
             self.flush()  # the GOAWAY
             self.close()
-            return
+            return False
         for ev in events:
             self._event(ev)
-        self.flush()
+        return True
 
     def eof_received(self) -> bool:
         return False
@@ -127,7 +152,8 @@ class H2Conn(asyncio.Protocol):
             self.incoming.append(stream)
             if ev.end:
                 self._ended(ev.sid)
-            self.wake()
+            if self.on_incoming is None:
+                self.wake()
         elif isinstance(ev, h2events.ResponseReceived):
             self._push(ev.sid, Head(ev.headers, end=False))
             if ev.end:
@@ -175,6 +201,41 @@ class H2Conn(asyncio.Protocol):
                     stream.peer_reset(ErrorCode.REFUSED_STREAM)
         if not self.streams:
             self.close()
+
+    # --- sinks (streams served in callbacks) -------------------------------------------
+
+    def touch(self, stream: H2Stream) -> None:
+        """`stream` got something for its sink: call it at the end of this batch of frames,
+        or soon when no batch is running."""
+        if stream.touched:
+            return
+        stream.touched = True
+        self.touched.append(stream)
+        if not self._batch and not self._sinks_soon:
+            self._sinks_soon = True
+            self.loop.call_soon(self.run_sinks)
+
+    def run_sinks(self) -> None:
+        """Call each touched stream's sink once (a sink that fails resets its stream)."""
+        self._sinks_soon = False
+        batch = self._batch
+        self._batch = True
+        try:
+            while self.touched:
+                touched, self.touched = self.touched, []
+                for stream in touched:
+                    stream.touched = False
+                    sink = stream.sink
+                    if sink is None:
+                        continue
+                    try:
+                        sink(stream)
+                    except Exception:
+                        logger.exception("h2 stream callback failed", extra={"stream": stream.sid})
+                        stream.sink = None
+                        stream.reset(ErrorCode.INTERNAL_ERROR)
+        finally:
+            self._batch = batch
 
     # --- helpers -------------------------------------------------------------------
 

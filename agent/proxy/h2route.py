@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from agent.proxy import h1msg, h2msg, h2pool, http2, inbound, origproto, outbound
+from agent.proxy import h1msg, h2msg, h2pool, h2serve, http2, inbound, origproto, outbound
 from agent.proxy.h2msg import Answer, H2Headers
 from agent.proxy.h2toh1 import Downgrade
 from agent.proxy.plane import plane_of
@@ -148,15 +148,29 @@ class OutboundStreams:
         self.lane = h2pool.next_lane()  # this connection's streams over mTLS (h2pool rule 2)
         self._repeat: _Repeat | None = None
 
-    async def route(self, headers: H2Headers) -> http2.Routed | Answer:
-        router = self.router
+    def route_now(self, headers: H2Headers) -> http2.Routed | Answer | None:
         gen = self.worker.state.generation
         repeat = self._repeat
         if repeat is None or repeat.headers is not headers or repeat.gen != gen:
-            got = await self._repeat_for(headers, gen)
-            if isinstance(got, Answer):
+            got = self._repeat_now(headers, gen)
+            if got is None or isinstance(got, Answer):
                 return got
             repeat = got
+        return self._routed(repeat, headers)
+
+    async def route(self, headers: H2Headers) -> http2.Routed | Answer:
+        got = self.route_now(headers)
+        if got is not None:
+            return got
+        # Only an `l5d-dst-override` not known yet waits.
+        found = await self.router.destination(h1msg.dst_override(headers))
+        gen = self.worker.state.generation
+        repeat = self._new_repeat(headers, h2msg.routing_facts(headers), gen, found)
+        return repeat if isinstance(repeat, Answer) else self._routed(repeat, headers)
+
+    def _routed(self, repeat: _Repeat, headers: H2Headers) -> http2.Routed | Answer:
+        """Step 2's endpoint and step 3's hop for a stream with `repeat`'s facts."""
+        router = self.router
         handle = repeat.entry.balancer.pick(router.loop.time(), router.plane.rng, [])
         if handle is None:
             return h2msg.answer_for(503, outbound.no_endpoints(repeat.labels), grpc=repeat.grpc)
@@ -182,20 +196,29 @@ class OutboundStreams:
             labels=choice.labels,
         )
 
-    async def _repeat_for(self, headers: H2Headers, gen: int) -> _Repeat | Answer:
-        """The last stream's `_Repeat` if this one has its routing facts, else a new one:
-        steps 1 and 2, the destination entry, route and labels."""
+    def _repeat_now(self, headers: H2Headers, gen: int) -> _Repeat | Answer | None:
+        """The last stream's `_Repeat` if this one has its routing facts, else a new one
+        (steps 1 and 2: the destination entry, route and labels); None when the
+        destination is not known yet."""
         facts = h2msg.routing_facts(headers)
         repeat = self._repeat
         if repeat is not None and repeat.gen == gen and repeat.facts == facts:
             repeat.headers = headers
             return repeat
-        router = self.router
-        found = await router.destination(h1msg.dst_override(headers))
+        found = self.router.destination_now(h1msg.dst_override(headers))
+        return None if found is None else self._new_repeat(headers, facts, gen, found)
+
+    def _new_repeat(
+        self,
+        headers: H2Headers,
+        facts: h2msg.RoutingFacts,
+        gen: int,
+        found: tuple[tuple[str, str], Destination] | outbound.Refusal,
+    ) -> _Repeat | Answer:
         if isinstance(found, outbound.Refusal):
             return h2msg.answer_for(found.status, found.message, grpc=h2msg.is_grpc(headers))
         method, path = h2msg.method_path(headers)
-        entry, route, labels = router.route_of(*found, method, path)
+        entry, route, labels = self.router.route_of(*found, method, path)
         repeat = self._repeat = _Repeat(
             headers, facts, gen=gen, entry=entry, route=route, labels=labels
         )
@@ -263,6 +286,10 @@ class InboundStreams:
         self._routed: tuple[H2Headers, http2.Routed] | None = None
 
     async def route(self, headers: H2Headers) -> http2.Routed | Answer:
+        return self.route_now(headers)
+
+    def route_now(self, headers: H2Headers) -> http2.Routed | Answer:
+        """Never waits: the pod's policy is in the worker's state."""
         gen = self.worker.state.generation
         repeat = self._repeat
         routed = self._routed
@@ -308,7 +335,7 @@ async def serve_outbound(  # noqa: PLR0913 - the facts of one connection
 ) -> int:
     """Serve an app's h2 connection per stream; the number of streams."""
     router = OutboundStreams(outbound.OutboundRouter(conn, src, key, dst))
-    return await http2.serve(conn.transport, router, h2pool.pool_of(conn.worker), prefix, eof=eof)
+    return await h2serve.serve(conn.transport, router, h2pool.pool_of(conn.worker), prefix, eof=eof)
 
 
 async def serve_inbound(  # noqa: PLR0913, PLR0917 - the facts of one connection
@@ -323,4 +350,4 @@ async def serve_inbound(  # noqa: PLR0913, PLR0917 - the facts of one connection
 ) -> int:
     """Serve an h2 connection to pod B per stream; the number of streams."""
     router = InboundStreams(conn.worker, pod, port, facts)
-    return await http2.serve(transport, router, h2pool.pool_of(conn.worker), prefix, eof=eof)
+    return await h2serve.serve(transport, router, h2pool.pool_of(conn.worker), prefix, eof=eof)

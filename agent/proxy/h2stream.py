@@ -3,7 +3,10 @@ and sends that respect flow control (agent.proxy.http2's rules 2 and 3).
 
 The connection pushes what arrives (`Head`, `Data`, `Trailers`, `End`, or `Reset` when
 the stream is reset or its connection is gone); the stream's task takes it with
-`next`, sends with `send_headers`/`send_data`/`end`, and resets with `reset`.
+`next`, sends with `send_headers`/`send_data`/`end`, and resets with `reset`. A stream
+served in callbacks (agent.proxy.h2serve) has a `sink` instead: whenever something is
+queued (a reset included) the connection calls it once, after the whole batch of frames
+it was read with (`H2Conn.touch`), and it takes what is queued with `next_now`.
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ class H2Stream:
         "remote_ended",
         "request",
         "sid",
+        "sink",
+        "touched",
     )
 
     def __init__(self, conn: H2Conn, sid: int) -> None:
@@ -113,6 +118,8 @@ class H2Stream:
         self.local_ended = False
         self.gone: int | None = None  # the reset code once reset or lost
         self.on_reset: Callable[[int], None] | None = None  # the peer reset this stream
+        self.sink: Callable[[H2Stream], None] | None = None  # see the module docstring
+        self.touched = False  # on the connection's list of streams whose sink is due
 
     # from the connection
     def push(self, item: Item) -> None:
@@ -120,6 +127,8 @@ class H2Stream:
             self.remote_ended = True
         self.items.append(item)
         self._wake()
+        if self.sink is not None:
+            self.conn.touch(self)
 
     def peer_reset(self, code: int) -> None:
         """The peer reset the stream, or the connection is gone."""
@@ -129,6 +138,8 @@ class H2Stream:
         self.items.append(Reset(code))
         self._wake()
         self.conn.wake()
+        if self.sink is not None:
+            self.conn.touch(self)
         if code == NO_ERROR and self.remote_ended:
             # The peer sent its whole side and just stops reading ours (RFC 9113
             # 8.1): what is queued still goes on; nothing to propagate.
@@ -286,6 +297,8 @@ class H2Stream:
         self.items.append(Reset(code))
         self._wake()
         self.conn.wake()
+        if self.sink is not None:
+            self.conn.touch(self)
         self.conn.forget(self)
 
     def cancel(self, _code: int = CANCEL) -> None:
@@ -296,10 +309,11 @@ class H2Stream:
     def discard(self) -> None:
         """Hand back the window of DATA nobody will read (the stream is over).
 
-        Also drops `on_reset` and the waiter: a linked pair's callbacks refer to each
+        Also drops `on_reset`, the sink and the waiter: a linked pair's callbacks refer to each
         other's stream, a cycle only the collector would free otherwise.
         """
         self.on_reset = None
+        self.sink = None
         self._waiter = None
         for item in self.items:
             if isinstance(item, Data):

@@ -2,10 +2,12 @@
 
 `H2Conn` is one h2 connection (server side towards the client, client side
 towards an upstream) as an `asyncio.Protocol`; `H2Stream` is one stream on
-it, with a queue of what the peer sent and flow-controlled sends. `serve`
-runs a client connection: each request stream gets its own task that asks a
-`StreamRouter` where it goes, then forwards it on a pooled upstream
-connection (`H2Pool`).
+it, with a queue of what the peer sent and flow-controlled sends.
+`agent.proxy.h2serve.serve` runs a client connection: each request stream asks a
+`StreamRouter` where it goes, then is forwarded on a pooled upstream connection
+(`H2Pool`), in the connections' callbacks when nothing in it waits (h2serve's
+`Relay`), else in its own task (`proxy_stream`; `resume` takes over a relayed
+stream where its callbacks stopped).
 
 Rules:
 1. Per stream: the router picks the upstream (outbound: the destination's
@@ -35,7 +37,8 @@ Rules:
 7. Metrics as HTTP/1 requests: `recorder().request` when a stream is sent
    upstream, `recorder().response` when its response ends (or the proxy
    answered); `record.REQUEST` holds an HTTP/1-shaped head of the stream's
-   request in the stream's task (`h2msg.RequestHead`, built only when read).
+   request in the stream's task, or before each recorder call in callbacks
+   (`h2msg.RequestHead`, built only when read; h2serve rule 3).
 8. Cost per stream stays low: the codec (h2codec, h2hpack) is ours and compiled
    with the rest of the path (agent.native), with no per-frame objects; frames of
    every stream go out in one write per connection per loop iteration (`flush`
@@ -48,7 +51,8 @@ Rules:
    counting frees it, not the collector; what need not wait makes no coroutine (an
    established upstream connection, `H2Pool.stream_now`; an item already queued,
    `H2Stream.next_now`; DATA the window and the connection take at once,
-   `H2Stream.send_data_now`).
+   `H2Stream.send_data_now`); and a stream in which nothing waits has no task at
+   all (agent.proxy.h2serve).
 
 9. Inbound, a stream marked `l5d-orig-proto` (an HTTP/1 request a peer proxy
    upgraded) goes to the app as HTTP/1 (agent.proxy.h2toh1), after the same
@@ -56,6 +60,7 @@ Rules:
 
 The pieces: agent.proxy.h2stream (a stream and what its queue holds),
 agent.proxy.h2conn (a connection), agent.proxy.h2pool (upstream connections),
+agent.proxy.h2serve (a client connection, and its streams served in callbacks),
 agent.proxy.h2codec (the protocol, sans-I/O), agent.proxy.h2hpack (HPACK).
 """
 
@@ -70,7 +75,6 @@ from typing import Final, Protocol
 from agent import aio
 from agent.proxy import h2msg
 from agent.proxy.balance import Handle  # noqa: TC001 - a field type, see below
-from agent.proxy.h2conn import H2Conn
 from agent.proxy.h2frame import ErrorCode
 from agent.proxy.h2msg import Answer, H2Headers
 from agent.proxy.h2pool import H2Pool, Opener  # noqa: TC001 - a field type, see below
@@ -162,61 +166,34 @@ class StreamRouter(Protocol):
         """The upstream for a request with these headers, or the proxy's answer."""
         ...
 
+    def route_now(self, headers: H2Headers) -> Routed | Answer | None:
+        """`route` when it would not wait; None when it would (`route` then decides)."""
+        ...
 
-# --- serving a client connection ----------------------------------------------------------
 
-
-async def serve(
-    transport: asyncio.Transport,
+async def proxy_stream(
+    down: H2Stream,
     router: StreamRouter,
     pool: H2Pool,
-    prefix: bytes,
     *,
-    eof: bool,
-) -> int:
-    """Serve an h2 client connection whose reading is paused; the number of streams seen."""
-    conn = H2Conn(client_side=False)
-    transport.set_protocol(conn)
-    conn.connection_made(transport)
-    if prefix:
-        conn.data_received(prefix)
-    if eof:
-        conn.close()
-    elif not conn.closed:
-        transport.resume_reading()
-    streams = aio.TaskSet(conn.loop)  # a task per stream, one done callback each (rule 8)
-    count = 0
-    try:
-        while True:
-            stream = await conn.next_incoming()
-            if stream is None:
-                break
-            count += 1
-            streams.spawn(proxy_stream(stream, router, pool), name="h2-stream")
-        if streams.tasks:
-            await asyncio.wait(list(streams.tasks))
-    finally:
-        for task in list(streams.tasks):
-            task.cancel()
-        conn.close()
-    return count
-
-
-async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> None:  # noqa: C901, PLR0912, PLR0915 - one stream's life, in order
-    """Serve one request stream end to end (rules 1-5, 7)."""
+    routed: Routed | None = None,
+    t0: float | None = None,
+) -> None:
+    """Serve one request stream end to end (rules 1-5, 7); `routed` (and `t0`, when it
+    was routed) when the stream was routed already (agent.proxy.h2serve)."""
     loop = down.conn.loop
-    t0 = loop.time()
-    REQUEST.set(h2msg.RequestHead(down.request))
-    grpc = h2msg.is_grpc(down.request)
+    if t0 is None:
+        t0 = loop.time()
+        REQUEST.set(h2msg.RequestHead(down.request))
     up: H2Stream | None = None
-    routed: Routed | None = None
     pump: asyncio.Task[int | None] | None = None
     try:
-        got = await router.route(down.request)
-        if isinstance(got, Answer):
-            await _answer(down, got, router.direction, {}, t0)
-            return
-        routed = got
+        if routed is None:
+            got = await router.route(down.request)
+            if isinstance(got, Answer):
+                await _answer(down, got, router.direction, {}, t0)
+                return
+            routed = got
         recorder().request(router.direction, routed.labels)
         if routed.h1 is not None:  # rule 9
             way, request = routed.h1
@@ -230,7 +207,7 @@ async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> No
                     up = await pool.stream(
                         routed.key, routed.open, routed.headers, end=down.bodiless
                     )
-                pump = _link(down, up)
+                pump = link(down, up)
                 head = await _response_head(up)
         except (TimeoutError, UpstreamError) as exc:
             if pump is not None:
@@ -243,37 +220,106 @@ async def proxy_stream(down: H2Stream, router: StreamRouter, pool: H2Pool) -> No
                     str(exc),
                 )
             )
+            grpc = h2msg.is_grpc(down.request)
             await _fail(down, up, routed, router.direction, t0, (status, why), grpc=grpc)
             return
         await _respond(down, up, head, routed, router.direction, t0)
-        if pump is not None and not pump.done():
-            # The response ended first: the request may go on for a while (rule 3).
-            done, _ = await asyncio.wait([pump], timeout=ANSWER_DRAIN_S)
-            if not done:
-                pump.cancel()
-                down.reset(NO_ERROR)
+        await wait_request(down, pump)
     except StreamGoneError:
-        if routed is not None and routed.handle is not None:
-            routed.handle.done(loop.time(), ok=False)
-        down.reset(CANCEL)
-        if up is not None:
-            up.reset(CANCEL)
+        gone(down, up, routed)
     finally:
-        if pump is not None and not pump.done():
+        close(down, up, routed, pump)
+
+
+async def resume(  # noqa: PLR0913, PLR0917 - where the callbacks left the stream
+    down: H2Stream,
+    up: H2Stream,
+    routed: Routed,
+    direction: str,
+    t0: float,
+    pump: asyncio.Task[int | None] | None,
+    status: int | None,
+) -> None:
+    """Serve the rest of a stream whose callbacks (agent.proxy.h2serve) handed it over: from
+    the response head (`status` None), or from the response body after a head of `status`
+    was sent."""
+    try:
+        if status is None:
+            try:
+                head = await _response_head(up)
+            except UpstreamError as exc:
+                if pump is not None:
+                    pump.cancel()
+                why = (getattr(exc, "status", 502), str(exc))
+                grpc = h2msg.is_grpc(down.request)
+                await _fail(down, up, routed, direction, t0, why, grpc=grpc)
+                return
+            await _respond(down, up, head, routed, direction, t0)
+        else:
+            grpc_status = await _pump(up, down, propagate=True)
+            responded(down, routed, direction, t0, status, grpc_status)
+        await wait_request(down, pump)
+    except StreamGoneError:
+        gone(down, up, routed)
+    finally:
+        close(down, up, routed, pump)
+
+
+async def linger(
+    down: H2Stream, up: H2Stream, routed: Routed, pump: asyncio.Task[int | None]
+) -> None:
+    """The response ended first and the request goes on in `pump` (rule 3)."""
+    try:
+        await wait_request(down, pump)
+    finally:
+        close(down, up, routed, pump)
+
+
+async def wait_request(down: H2Stream, pump: asyncio.Task[int | None] | None) -> None:
+    """The response ended: give the request's body a while to end too (rule 3)."""
+    if pump is not None and not pump.done():
+        done, _ = await asyncio.wait([pump], timeout=ANSWER_DRAIN_S)
+        if not done:
             pump.cancel()
-        if routed is not None and routed.handle is not None:
-            routed.handle.cancel()  # no-op when done already
-        down.close()
-        if up is not None:
-            up.close()
+            down.reset(NO_ERROR)
 
 
-def _link(down: H2Stream, up: H2Stream) -> asyncio.Task[int | None] | None:
+def gone(down: H2Stream, up: H2Stream | None, routed: Routed | None) -> None:
+    """Either stream was reset or lost: a failure, and both reset (rule 3)."""
+    if routed is not None and routed.handle is not None:
+        routed.handle.done(down.conn.loop.time(), ok=False)
+    down.reset(CANCEL)
+    if up is not None:
+        up.reset(CANCEL)
+
+
+def close(
+    down: H2Stream,
+    up: H2Stream | None,
+    routed: Routed | None,
+    pump: asyncio.Task[int | None] | None,
+) -> None:
+    """The stream is over: stop the request's body, end the balancer handle, close both."""
+    if pump is not None and not pump.done():
+        pump.cancel()
+    if routed is not None and routed.handle is not None:
+        routed.handle.cancel()  # no-op when done already
+    down.close()
+    if up is not None:
+        up.close()
+
+
+def link(down: H2Stream, up: H2Stream) -> asyncio.Task[int | None] | None:
     """Resets travel both ways (rule 3); the task forwarding the request body, if any."""
     down.on_reset = up.cancel
     up.on_reset = down.reset
     if up.local_ended:  # the request had no body: no task for it
         return None
+    return pump_request(down, up)
+
+
+def pump_request(down: H2Stream, up: H2Stream) -> asyncio.Task[int | None]:
+    """The task forwarding the rest of the request's body."""
     return aio.spawn(_pump(down, up), name="h2-request-body")
 
 
@@ -297,6 +343,18 @@ async def _respond(  # noqa: PLR0913, PLR0917 - the facts of one response
     grpc_status = h2msg.grpc_status(head.headers) if head.end else None
     if not head.end:
         grpc_status = await _pump(up, down, propagate=True)
+    responded(down, routed, direction, t0, status, grpc_status)
+
+
+def responded(  # noqa: PLR0913, PLR0917 - the facts of one response
+    down: H2Stream,
+    routed: Routed,
+    direction: str,
+    t0: float,
+    status: int,
+    grpc_status: int | None,
+) -> None:
+    """The response ended: its outcome to the balancer handle and the recorder (rule 4)."""
     now = down.conn.loop.time()
     failure = classify(routed.route, status, grpc_status)
     if routed.handle is not None:
@@ -409,6 +467,16 @@ async def _answer(
     down: H2Stream, answer: Answer, direction: str, labels: Labels, t0: float
 ) -> None:
     """Answer the stream ourselves, then read the rest of its request."""
+    if answer_now(down, answer, direction, labels, t0):
+        await _drain_request(down)
+
+
+def answer_now(down: H2Stream, answer: Answer, direction: str, labels: Labels, t0: float) -> bool:
+    """Send our answer and record it; whether the rest of the request is still to read.
+
+    Raises:
+        StreamGoneError: the stream is gone.
+    """
     down.send_headers(h2msg.answer_headers(answer), end=True)
     status, failure = h2msg.answer_outcome(answer)
     recorder().response(
@@ -418,5 +486,12 @@ async def _answer(
         latency_s=down.conn.loop.time() - t0,
         failure=failure,
     )
-    if not down.remote_ended:
+    return not down.remote_ended
+
+
+async def drain(down: H2Stream) -> None:
+    """After `answer_now`: read the rest of the request, then close the stream."""
+    try:
         await _drain_request(down)
+    finally:
+        down.close()

@@ -1,8 +1,10 @@
 """The HTTP/2 per-stream proxy (agent.proxy.http2) on real loopback sockets, on uvloop.
 
 Each test runs one loop holding an h2 client, the proxy front (accept, pause,
-`http2.serve` with a small `StreamRouter`) and an h2 upstream server, all on
-127.0.0.1 in this process. Client and upstream are written here with the `h2`
+`h2serve.serve` with a small `StreamRouter`) and an h2 upstream server, all on
+127.0.0.1 in this process, twice: with streams served in callbacks where they can be
+(agent.proxy.h2serve's relay) and with every stream in a task (the router never
+decides at once). Client and upstream are written here with the `h2`
 library directly, so the proxy is not checked against itself.
 
 Upstream paths: `/echo` answers the request body back, `/big/N` answers N
@@ -23,12 +25,20 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.settings
+import pytest
 from hpack import NeverIndexedHeaderTuple
 
 from agent import aio
-from agent.proxy import h2conn, h2frame, h2msg, h2pool, h2stream, http2
+from agent.proxy import h2conn, h2frame, h2msg, h2pool, h2serve, h2stream, http2, record
 
 MiB = 1 << 20
+RELAY = {"on": True}  # this run's path, set by the `path` fixture
+
+
+@pytest.fixture(autouse=True, params=["callbacks", "tasks"])
+def path(request: pytest.FixtureRequest) -> str:
+    RELAY["on"] = request.param == "callbacks"
+    return str(request.param)
 
 
 # --- upstream server ---------------------------------------------------------------------
@@ -63,7 +73,7 @@ class _Upstream(asyncio.Protocol):
         if isinstance(ev, h2.events.RequestReceived):
             headers = list(ev.headers)
             self.rig.upstream_heads.append(headers)
-            self.paths[ev.stream_id] = h2msg.header(headers, b":path") or b""
+            self.paths[ev.stream_id] = (h2msg.header(headers, b":path") or b"").partition(b"?")[0]
             self.bodies[ev.stream_id] = bytearray()
         elif isinstance(ev, h2.events.DataReceived):
             self.bodies[ev.stream_id] += ev.data
@@ -128,21 +138,25 @@ class _Front(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         assert self.transport is not None
         self.transport.pause_reading()
+        self.rig.fronts.append(self.transport)
+        record.CONN.set(f"conn-{len(self.rig.fronts)}")  # the serving task's context (a copy)
         task = aio.spawn(
-            http2.serve(self.transport, self.rig, self.rig.pool, data, eof=False), name="serve"
+            h2serve.serve(self.transport, self.rig, self.rig.pool, data, eof=False), name="serve"
         )
         self.rig.tasks.append(task)
 
 
 class Rig:
-    """client -> proxy (`http2.serve`, this object as the router) -> upstream."""
+    """client -> proxy (`h2serve.serve`, this object as the router) -> upstream."""
 
     direction = "outbound"
 
     def __init__(self, *, timeout_s: float | None = None) -> None:
         self.timeout_s = timeout_s
+        self.relay = RELAY["on"]
         self.pool = h2pool.H2Pool()
         self.tasks: list[asyncio.Task[Any]] = []
+        self.fronts: list[asyncio.Transport] = []  # the client connections' transports
         self.upstream_conns = 0
         self.upstream_heads: list[list[tuple[bytes, bytes]]] = []
         self.upstream_resets: list[int] = []
@@ -165,14 +179,22 @@ class Rig:
         await self.up.wait_closed()
 
     async def route(self, headers: h2msg.H2Headers) -> http2.Routed | h2msg.Answer:
-        if h2msg.header(headers, b":path") == b"/deny":
+        return self._decide(headers)
+
+    def route_now(self, headers: h2msg.H2Headers) -> http2.Routed | h2msg.Answer | None:
+        return self._decide(headers) if self.relay else None
+
+    def _decide(self, headers: h2msg.H2Headers) -> http2.Routed | h2msg.Answer:
+        if (h2msg.header(headers, b":path") or b"").startswith(b"/deny"):
             return h2msg.Answer(status=200, message="denied", grpc=h2msg.GRPC_PERMISSION_DENIED)
-        loop = asyncio.get_running_loop()
+        return http2.Routed(key="up", open=self._open, headers=headers, timeout_s=self.timeout_s)
 
-        async def opener(factory):
-            return await loop.create_connection(factory, *self.up_addr)
+    async def _open(self, factory: Any) -> Any:
+        return await asyncio.get_running_loop().create_connection(factory, *self.up_addr)
 
-        return http2.Routed(key="up", open=opener, headers=headers, timeout_s=self.timeout_s)
+    def starters(self) -> list[h2serve.Starter]:
+        """Each client connection's `h2serve.Starter` (its connection's `on_incoming`)."""
+        return [tr.get_protocol().on_incoming.__self__ for tr in self.fronts]
 
     async def client(self, **kw: Any) -> Client:
         loop = asyncio.get_running_loop()
@@ -344,6 +366,88 @@ def test_a_thousand_streams_200_at_once_on_one_connection_complete_on_two_upstre
                 client.close()
 
     aio.run(main())
+
+
+def test_streams_on_an_established_connection_are_served_in_callbacks(path: str) -> None:
+    """h2serve rule 1: once the upstream connection is up, a stream whose router decides
+    at once is relayed in callbacks, with or without a body, with trailers or a reset;
+    with every stream in a task (the router never decides at once) none is."""
+
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            try:
+                await _wait(client.request(b"/echo", b"first"))  # opens the upstream connection
+                rs = [client.request(b"/echo", b"b%d" % i) for i in range(10)]
+                rs += [client.request(b"/big/%d" % (i + 1)) for i in range(10)]
+                rs += [client.request(b"/grpc") for _ in range(10)]
+                resets = [client.request(b"/reset") for _ in range(3)]
+                await _wait(*rs, *resets)
+                assert [bytes(r.body) for r in rs[:10]] == [b"b%d" % i for i in range(10)]
+                assert [len(r.body) for r in rs[10:20]] == list(range(1, 11))
+                assert all(r.trailers == [(b"grpc-status", b"0")] for r in rs[20:])
+                assert all(h2msg.status_of(r.headers) == 200 for r in rs)
+                assert [r.reset for r in resets] == [h2.errors.ErrorCodes.ENHANCE_YOUR_CALM] * 3
+                (starter,) = rig.starters()
+                assert starter.count == 34
+                assert starter.relayed == (33 if path == "callbacks" else 0)
+            finally:
+                client.close()
+
+    aio.run(main())
+
+
+class _Seen:
+    """A recorder (agent.proxy.record's interface) keeping, per request and response, the
+    request head's target and the connection its context names."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[bytes, Any]] = []
+        self.responses: list[tuple[bytes, Any, int, bool]] = []
+
+    def request(self, direction: str, labels: record.Labels) -> None:  # noqa: ARG002
+        self.requests.append((record.REQUEST.get().target, record.CONN.get()))
+
+    def response(self, direction: str, labels: record.Labels, **kw: Any) -> None:  # noqa: ARG002
+        head = record.REQUEST.get()
+        self.responses.append((head.target, record.CONN.get(), kw["status"], kw["failure"]))
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the interface: not on this path
+        return getattr(record.NoopRecorder(), name)
+
+
+def test_each_stream_is_recorded_with_its_own_request_and_connection(monkeypatch) -> None:
+    """http2 rule 7 and h2serve rule 3: whichever path serves a stream, the recorder sees
+    that stream's request and its client connection, though the streams of two
+    connections interleave and their responses arrive on one upstream connection."""
+    seen = _Seen()
+    monkeypatch.setattr(record, "RECORDER", seen)
+
+    async def main() -> None:
+        async with Rig() as rig:
+            one, two = await rig.client(), await rig.client()
+            try:
+                await _wait(one.request(b"/echo", b"warm"))  # the upstream connection
+                await _wait(two.request(b"/echo", b"warm"))
+                rs = []
+                for i in range(20):
+                    rs.append(one.request(b"/big/%d?c=1&i=%d" % (i + 1, i)))
+                    rs.append(two.request(b"/echo?c=2&i=%d" % i, b"x" * i))
+                    rs.append(one.request(b"/deny?c=1&i=%d" % i))
+                await _wait(*rs)
+            finally:
+                one.close()
+                two.close()
+
+    aio.run(main())
+    got = sorted(seen.responses[2:])
+    want = sorted(
+        [(b"/big/%d?c=1&i=%d" % (i + 1, i), "conn-1", 200, False) for i in range(20)]
+        + [(b"/echo?c=2&i=%d" % i, "conn-2", 200, False) for i in range(20)]
+        + [(b"/deny?c=1&i=%d" % i, "conn-1", 200, True) for i in range(20)]
+    )
+    assert got == want
+    assert sorted(seen.requests[2:]) == sorted((t, c) for t, c, _, ok in want if not ok)
 
 
 def test_eight_mib_both_ways_cross_the_proxy_byte_exact_under_flow_control():
@@ -537,6 +641,36 @@ def test_closing_the_client_connection_resets_the_upstream_streams():
             for r in rs:
                 with contextlib.suppress(ConnectionError):
                     await r.done
+
+    aio.run(main())
+
+
+def test_a_client_that_breaks_the_protocol_loses_its_connection_and_its_streams_upstream():
+    """A connection error from the client (DATA on stream 0) closes its connection, and
+    every stream it had open, relayed or in a task, is reset upstream; others go on."""
+
+    async def main() -> None:
+        async with Rig() as rig:
+            bad, good = await rig.client(), await rig.client()
+            try:
+                await _wait(bad.request(b"/echo", b"warm"))  # the upstream connection is up
+                hung = [bad.request(b"/hang") for _ in range(3)]
+                await asyncio.sleep(0.2)
+                assert bad.transport is not None
+                bad.transport.write(b"\0\0\1\0\0\0\0\0\0x")  # DATA, length 1, stream 0
+                async with asyncio.timeout(5):
+                    while len(rig.upstream_resets) < 3:  # noqa: ASYNC110 - set by the upstream
+                        await asyncio.sleep(0.01)
+                assert rig.upstream_resets == [h2.errors.ErrorCodes.CANCEL] * 3
+                for r in hung:
+                    with contextlib.suppress(ConnectionError):
+                        await r.done
+                after = good.request(b"/echo", b"still")
+                await _wait(after)
+                assert bytes(after.body) == b"still"
+            finally:
+                bad.close()
+                good.close()
 
     aio.run(main())
 
