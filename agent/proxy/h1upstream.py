@@ -7,11 +7,12 @@ its parser yields to the current exchange (`on_events`), or a whole
 response in one read as it came (`on_whole`); between
 exchanges any byte from the upstream makes it unusable.
 
-Two kinds of exchange use it (agent.proxy.httpproxy): `Exchange`, which
-resolves a future for the connection's coroutine (the general path), and the
-callback path's exchange (agent.proxy.h1fast's `CallbackExchange`), which
-answers the client from inside these callbacks. The connection holds either as
-their union, so the compiled build calls them directly.
+Three kinds of exchange use it: `Exchange`, which resolves a future for the
+connection's coroutine (the general path), the callback path's exchange
+(agent.proxy.h1fast's `CallbackExchange`), which answers the client from inside
+these callbacks, and its twin for an upgraded h2 stream given to the app as
+HTTP/1 (agent.proxy.h2toh1's `DownExchange`). The connection holds any as their
+union, so the compiled build calls them directly.
 
 Rules:
 1. The connection never outlives a broken exchange: protocol errors, EOF or
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Hashable
 
     from agent.proxy.h1fast import CallbackExchange
+    from agent.proxy.h2toh1 import DownExchange
 
 HIGH_WATER: Final = 256 * 1024
 LOW_WATER: Final = 64 * 1024
@@ -172,7 +174,7 @@ class UpstreamConn(asyncio.Protocol):
         self.parser = http1.ResponseParser()
         self.pool_key: Hashable = None
         self.idle_since = 0.0
-        self.exch: Exchange | CallbackExchange | None = None
+        self.exch: Exchange | CallbackExchange | DownExchange | None = None
         self.lost = False
         self.eof = False
         self.write_paused = False
@@ -272,7 +274,7 @@ class UpstreamConn(asyncio.Protocol):
             loop = self.loop = asyncio.get_running_loop()
         return loop
 
-    def begin_with(self, sink: CallbackExchange, method: bytes) -> None:
+    def begin_with(self, sink: CallbackExchange | DownExchange, method: bytes) -> None:
         """Start an exchange whose events go to `sink` (the callback path)."""
         self.exch = sink
         self.parser.expect(method)

@@ -3,13 +3,15 @@ connections' callbacks when nothing in it waits, else in a task.
 
 Rules:
 1. A stream is served in callbacks (a `Relay`) when its router decides at once
-   (`StreamRouter.route_now`), it goes on over h2 (not down to HTTP/1), its route has no
-   timeout, and an established upstream connection takes it (`H2Pool.stream_now`).
+   (`StreamRouter.route_now`), it goes on over h2, its route has no timeout, and an
+   established upstream connection takes it (`H2Pool.stream_now`). (A bodiless stream
+   an inbound gives its app as HTTP/1 is served in callbacks by agent.proxy.h2toh1's
+   `serve_now` when an app connection is idle.)
    Its request goes upstream from the client connection's `data_received`, its
    response back from the upstream's; a DATA frame is passed on when the window and the
    connection take it at once (`send_data_now`), then acknowledged to its sender.
 2. Whatever would wait hands over to the coroutines, which keep all of http2's rules:
-   a router that waits, a route timeout, an HTTP/1 app or no established connection
+   a router that waits, a route timeout or no established connection
    (`http2.proxy_stream`); request DATA the window does not take (that direction goes to
    `http2.pump_request`); response DATA the window does not take, a reset, or anything
    else unusual on either side (the rest of the stream goes to `http2.resume`, the item
@@ -139,8 +141,15 @@ class Starter:
                 down.close()
             return
         up = None
-        if got.h1 is None and got.timeout_s is None:
-            up = self.pool.stream_now(got.key, got.headers, end=down.bodiless)
+        if got.timeout_s is None:
+            if got.h1 is not None:
+                way, request = got.h1
+                if way.serve_now(down, request, t0, self.ctx, self.spawn):
+                    recorder().request(self.direction, got.labels)
+                    self.relayed += 1
+                    return
+            else:
+                up = self.pool.stream_now(got.key, got.headers, end=down.bodiless)
         if up is None:
             self.spawn(http2.proxy_stream(down, router, self.pool, routed=got, t0=t0))
             return

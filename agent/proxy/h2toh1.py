@@ -23,28 +23,37 @@ Rules:
    HTTP/2 path does; after it, the stream is reset and the app connection
    dropped. The app connection goes back to the pool only after a complete,
    keep-alive exchange.
+5. In callbacks (`serve_now`, called by agent.proxy.h2serve): a bodiless stream
+   with an idle pooled app connection is written to the app at once, and its
+   response answered from the app connection's callbacks (`DownExchange`, the
+   connection's exchange) when it ends in the read its head came in; a response
+   still arriving goes on in a task (`rest`) with what came so far, as does a
+   body the stream's window does not take at once. Callbacks run in the client
+   connection's context with `record.REQUEST` set to the stream's request.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from agent.proxy import h2msg, http1, origproto
-from agent.proxy.h1upstream import HIGH_WATER, UpstreamConn
+from agent.proxy.h1upstream import HIGH_WATER, Exchange, UpstreamConn
 from agent.proxy.h2frame import ErrorCode
 from agent.proxy.h2stream import CANCEL, Data, End, H2Stream, StreamGoneError, Trailers
+from agent.proxy.http1 import BodyData, MessageEnd, ProtocolError, ResponseHead, Upgraded
 from agent.proxy.profile import classify
-from agent.proxy.record import recorder
+from agent.proxy.record import REQUEST, recorder
 from agent.proxy.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable
+    import contextvars
+    from collections.abc import Callable, Coroutine, Hashable
 
-    from agent.proxy.h1upstream import Exchange
-    from agent.proxy.http1 import ResponseHead
     from agent.proxy.record import Labels
     from agent.proxy.upstream import ConnPool, TransportOpener
+
+    Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 def _decoding_conn() -> UpstreamConn:
@@ -73,33 +82,76 @@ class Downgrade:
         try:
             up, exch = await self._send(down, request)
         except UpstreamError as exc:
-            self._fail(down, exc, loop.time() - t0)
+            self.fail(down, exc, loop.time() - t0)
             return
         try:
             resp = await exch.head
         except UpstreamError as exc:
             up.abort()
-            self._fail(down, exc, loop.time() - t0)
+            self.fail(down, exc, loop.time() - t0)
             return
         except BaseException:
             up.abort()
             raise
+        await self.rest(down, up, exch, resp, t0)
+
+    async def rest(
+        self, down: H2Stream, up: UpstreamConn, exch: Exchange, resp: ResponseHead, t0: float
+    ) -> None:
+        """The stream's response from the app's head on (rules 3, 4)."""
+        loop = down.conn.loop
         try:
             await self._respond(down, up, exch, resp)
         except UpstreamError:
             up.abort()
             down.reset(ErrorCode.INTERNAL_ERROR)
-            self._record(resp.status, loop.time() - t0)
+            self.record(resp.status, loop.time() - t0)
             return
         except BaseException:
             up.abort()
             raise
+        self.release(up, resp)
+        self.record(resp.status, loop.time() - t0)
+
+    def release(self, up: UpstreamConn, resp: ResponseHead) -> None:
+        """The exchange is complete: the app connection back to the pool, or closed."""
         up.finish()
         if resp.keep_alive and up.reusable:
             self.pool.release(up)
         else:
             up.close()
-        self._record(resp.status, loop.time() - t0)
+
+    def serve_now(
+        self,
+        down: H2Stream,
+        request: origproto.Downgraded,
+        t0: float,
+        ctx: contextvars.Context,
+        spawn: Spawn,
+    ) -> bool:
+        """`serve` in callbacks (rule 5): False, with nothing done, when the stream has a
+        body or no app connection is idle."""
+        if not down.bodiless:
+            return False
+        up = self.pool.take(self.key)
+        if up is None:
+            return False
+        conn = cast("UpstreamConn", up)
+        tr = conn.transport
+        assert tr is not None  # noqa: S101 - pooled connections are connected
+        conn.begin_with(DownExchange(self, down, conn, t0, ctx, spawn), request.method)
+        tr.write(request.head_bytes(end=True)[0])
+        down.items.popleft()  # the end
+        return True
+
+    def headers_for(self, resp: ResponseHead) -> h2msg.H2Headers:
+        """The stream's response headers for the app's head (the last one's remembered)."""
+        last = self._last
+        if last is not None and last[0] is resp:
+            return last[1]
+        headers = origproto.upgrade_response(resp)
+        self._last = (resp, headers)
+        return headers
 
     async def _send(
         self, down: H2Stream, request: origproto.Downgraded
@@ -135,12 +187,7 @@ class Downgrade:
         self, down: H2Stream, up: UpstreamConn, exch: Exchange, resp: ResponseHead
     ) -> None:
         """The app's response as the stream's (rule 3)."""
-        last = self._last
-        if last is not None and last[0] is resp:
-            headers = last[1]
-        else:
-            headers = origproto.upgrade_response(resp)
-            self._last = (resp, headers)
+        headers = self.headers_for(resp)
         if exch.ended:  # the whole response is here
             body = b"".join(exch.pending)
             exch.pending.clear()
@@ -148,7 +195,7 @@ class Downgrade:
                 down.send_headers(headers, end=True)
                 return
             down.send_headers(headers)
-            await _last(down, exch, body)
+            await _last(down, body, exch.trailers)
             return
         down.send_headers(headers)
         sink = _Sink(up)
@@ -159,14 +206,14 @@ class Downgrade:
                 data = b"".join(sink.parts)
                 sink.take()
                 if exch.ended:
-                    await _last(down, exch, data)
+                    await _last(down, data, exch.trailers)
                     return
                 await down.send_data(data)
                 continue
             if exch.error is not None:
                 raise exch.error
             if exch.ended:
-                await _last(down, exch, b"")
+                await _last(down, b"", exch.trailers)
                 return
             fut: asyncio.Future[None] = loop.create_future()
             sink.waiter = fut
@@ -177,23 +224,180 @@ class Downgrade:
                 sink.waiter = None
                 exch.done = None
 
-    def _fail(self, down: H2Stream, exc: UpstreamError, latency_s: float) -> None:
+    def fail(self, down: H2Stream, exc: UpstreamError, latency_s: float) -> None:
         """No response head from the app: the proxy answers (rule 4)."""
         answer = h2msg.answer_for(exc.status, str(exc), grpc=False)
         down.send_headers(h2msg.answer_headers(answer), end=True)
-        self._record(exc.status, latency_s)
+        self.record(exc.status, latency_s)
 
-    def _record(self, status: int, latency_s: float) -> None:
+    def record(self, status: int, latency_s: float) -> None:
         failure = classify(None, status, None)
         recorder().response(
             "inbound", self.labels, status=status, latency_s=latency_s, failure=failure
         )
 
 
-async def _last(down: H2Stream, exch: Exchange, body: bytes) -> None:
+class DownExchange:
+    """A bodiless upgraded stream's exchange with the app, in callbacks (rule 5): the app
+    connection's exchange, as agent.proxy.h1fast's `CallbackExchange` is."""
+
+    __slots__ = (
+        "ctx",
+        "down",
+        "ended",
+        "interim",
+        "parts",
+        "request",
+        "resp",
+        "spawn",
+        "t0",
+        "up",
+        "way",
+    )
+
+    def __init__(  # noqa: PLR0913, PLR0917 - the facts of one stream
+        self,
+        way: Downgrade,
+        down: H2Stream,
+        up: UpstreamConn,
+        t0: float,
+        ctx: contextvars.Context,
+        spawn: Spawn,
+    ) -> None:
+        self.way = way
+        self.down = down
+        self.up = up
+        self.t0 = t0
+        self.ctx = ctx
+        self.spawn = spawn
+        self.request = REQUEST.get()  # the stream's, set by the caller in `ctx`
+        self.resp: ResponseHead | None = None
+        self.parts: list[bytes | memoryview] = []
+        self.interim = False
+        self.ended = False  # answered, failed or handed over: the connection's exchange no more
+
+    # What UpstreamConn calls (outside the connection's context)
+    def on_events(self, events: list[http1.Event]) -> None:
+        if not self.ended:
+            self.ctx.run(self._on_events, events)
+
+    def on_whole(self, head: ResponseHead, data: bytes) -> None:
+        self.on_events(http1.whole_events(head, data))
+
+    def fail(self, err: UpstreamError) -> None:
+        if not self.ended:
+            self.ctx.run(self._fail, err)
+
+    def _on_events(self, events: list[http1.Event]) -> None:
+        for ev in events:
+            if isinstance(ev, BodyData):
+                self.parts.append(ev.data)
+            elif isinstance(ev, ResponseHead):
+                if ev.status < 200:
+                    self.interim = True
+                else:
+                    self.resp = ev
+            elif isinstance(ev, MessageEnd):
+                if self.interim:
+                    self.interim = False
+                else:
+                    self._answer(ev.trailers)
+                    return
+            elif isinstance(ev, ProtocolError):
+                self._fail(UpstreamError("upstream", f"bad response: {ev.reason}"))
+                return
+            elif isinstance(ev, Upgraded):
+                self._fail(UpstreamError("upstream", "protocol switch is not supported here"))
+                return
+        if self.resp is not None:
+            self._hand_over()
+
+    def _answer(self, tail: http1.Headers | None) -> None:
+        """The whole response is here: the stream's HEADERS, DATA and end (rule 3)."""
+        self.ended = True
+        down, up, way = self.down, self.up, self.way
+        resp = self.resp
+        assert resp is not None  # noqa: S101 - the parser ends a message only after its head
+        headers = way.headers_for(resp)
+        body = b"".join(self.parts)
+        self.parts = []
+        rest = False
+        try:
+            if not body and not tail:
+                down.send_headers(headers, end=True)
+            else:
+                down.send_headers(headers)
+                rest = not (body and not tail and down.send_data_now(body, end=True))
+        except StreamGoneError:
+            up.finish()
+            up.abort()
+            down.reset(CANCEL)
+            down.close()
+            return
+        way.release(up, resp)
+        REQUEST.set(self.request)
+        way.record(resp.status, down.conn.loop.time() - self.t0)
+        if rest:  # the window did not take the body at once, or trailers follow it
+            self.spawn(_last_then_close(down, body, tail))
+        else:
+            down.close()
+
+    def _fail(self, err: UpstreamError) -> None:
+        """No response from the app: the proxy answers 502 (rule 4)."""
+        self.ended = True
+        up, down = self.up, self.down
+        up.finish()
+        up.abort()
+        REQUEST.set(self.request)
+        try:
+            self.way.fail(down, err, down.conn.loop.time() - self.t0)
+        except StreamGoneError:
+            down.reset(CANCEL)
+        down.close()
+
+    def _hand_over(self) -> None:
+        """The response goes on past this read: a task takes it from its head (`rest`)."""
+        self.ended = True
+        resp = self.resp
+        assert resp is not None  # noqa: S101 - checked by the caller
+        down, up = self.down, self.up
+        exch = Exchange(down.conn.loop, None)
+        exch.got_bytes = True
+        exch.pending = self.parts
+        exch.head.set_result(resp)
+        up.exch = exch
+        REQUEST.set(self.request)
+        self.spawn(_rest_then_close(self.way, down, up, exch, resp, self.t0))
+
+
+async def _rest_then_close(  # noqa: PLR0913, PLR0917 - where the callbacks left the stream
+    way: Downgrade,
+    down: H2Stream,
+    up: UpstreamConn,
+    exch: Exchange,
+    resp: ResponseHead,
+    t0: float,
+) -> None:
+    try:
+        await way.rest(down, up, exch, resp, t0)
+    except StreamGoneError:
+        down.reset(CANCEL)
+    finally:
+        down.close()
+
+
+async def _last_then_close(down: H2Stream, body: bytes, tail: http1.Headers | None) -> None:
+    try:
+        await _last(down, body, tail)
+    except StreamGoneError:
+        down.reset(CANCEL)
+    finally:
+        down.close()
+
+
+async def _last(down: H2Stream, body: bytes, tail: http1.Headers | None) -> None:
     """The end of the stream's response: its last bytes, then the app's trailers if it
     sent any (origproto rule 5), else END_STREAM on the last DATA."""
-    tail = exch.trailers
     if body:
         await down.send_data(body, end=not tail)
     if tail:

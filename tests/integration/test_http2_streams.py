@@ -29,7 +29,21 @@ import pytest
 from hpack import NeverIndexedHeaderTuple
 
 from agent import aio
-from agent.proxy import h2conn, h2frame, h2msg, h2pool, h2serve, h2stream, http2, record
+from agent.proxy import (
+    h1msg,
+    h2conn,
+    h2frame,
+    h2msg,
+    h2pool,
+    h2serve,
+    h2stream,
+    http1,
+    http2,
+    origproto,
+    record,
+)
+from agent.proxy.h2toh1 import Downgrade
+from agent.proxy.upstream import ConnPool
 
 MiB = 1 << 20
 RELAY = {"on": True}  # this run's path, set by the `path` fixture
@@ -124,6 +138,47 @@ class _Upstream(asyncio.Protocol):
             self.transport.write(data)
 
 
+# --- an HTTP/1 app, for streams marked `l5d-orig-proto` -----------------------------------
+
+
+class _H1App(asyncio.Protocol):
+    """Answers `/small` (a short body with its length), `/chunked` (two chunks and a
+    trailer), `/split/N` (N bytes: the head and half now, the rest 50 ms later),
+    `/big/N` (N bytes in one write); `/close` closes the connection unanswered."""
+
+    def __init__(self, rig: Rig) -> None:
+        self.rig = rig
+        self.parser = http1.RequestParser()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.rig.app_conns += 1
+
+    def data_received(self, data: bytes) -> None:
+        for ev in self.parser.feed(data):
+            if isinstance(ev, http1.RequestHead):
+                self.rig.app_heads.append(ev.target)
+                self._answer(ev.target.decode())
+
+    def _answer(self, path: str) -> None:
+        tr = self.transport
+        if path == "/close":
+            tr.close()
+        elif path == "/small":
+            tr.write(h1msg.response_head_bytes(200, [(b"content-length", b"5")]) + b"hello")
+        elif path == "/chunked":
+            head = h1msg.response_head_bytes(200, [(b"transfer-encoding", b"chunked")])
+            tr.write(head + b"3\r\nabc\r\n2\r\nde\r\n0\r\nx-end: 1\r\n\r\n")
+        else:
+            kind, size = path.split("/")[1], int(path.split("/")[2])
+            head = h1msg.response_head_bytes(200, [(b"content-length", b"%d" % size)])
+            if kind == "big":
+                tr.write(head + b"b" * size)
+            else:
+                tr.write(head + b"s" * (size // 2))
+                asyncio.get_running_loop().call_later(0.05, tr.write, b"s" * (size - size // 2))
+
+
 # --- proxy front and router --------------------------------------------------------------
 
 
@@ -157,6 +212,8 @@ class Rig:
         self.pool = h2pool.H2Pool()
         self.tasks: list[asyncio.Task[Any]] = []
         self.fronts: list[asyncio.Transport] = []  # the client connections' transports
+        self.app_conns = 0
+        self.app_heads: list[bytes] = []
         self.upstream_conns = 0
         self.upstream_heads: list[list[tuple[bytes, bytes]]] = []
         self.upstream_resets: list[int] = []
@@ -168,6 +225,9 @@ class Rig:
         self.up_addr = self.up.sockets[0].getsockname()
         self.front = await loop.create_server(lambda: _Front(self), "127.0.0.1", 0)
         self.front_addr = self.front.sockets[0].getsockname()
+        self.app = await loop.create_server(lambda: _H1App(self), "127.0.0.1", 0)
+        self.h1pool = ConnPool()
+        self.downgrade = Downgrade(self.h1pool, "app", self._open_app, {})
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -175,6 +235,8 @@ class Rig:
         self.pool.close()
         await aio.cancel_and_wait(self.tasks)
         self.up.close()
+        self.app.close()
+        self.h1pool.close()
         await self.front.wait_closed()
         await self.up.wait_closed()
 
@@ -187,7 +249,15 @@ class Rig:
     def _decide(self, headers: h2msg.H2Headers) -> http2.Routed | h2msg.Answer:
         if (h2msg.header(headers, b":path") or b"").startswith(b"/deny"):
             return h2msg.Answer(status=200, message="denied", grpc=h2msg.GRPC_PERMISSION_DENIED)
-        return http2.Routed(key="up", open=self._open, headers=headers, timeout_s=self.timeout_s)
+        request = origproto.downgrade_request(headers)  # marked: to the HTTP/1 app
+        h1 = None if request is None else (self.downgrade, request)
+        return http2.Routed(
+            key="up", open=self._open, headers=headers, timeout_s=self.timeout_s, h1=h1
+        )
+
+    async def _open_app(self, factory: Any) -> Any:
+        addr = self.app.sockets[0].getsockname()
+        return await asyncio.get_running_loop().create_connection(factory, *addr)
 
     async def _open(self, factory: Any) -> Any:
         return await asyncio.get_running_loop().create_connection(factory, *self.up_addr)
@@ -448,6 +518,58 @@ def test_each_stream_is_recorded_with_its_own_request_and_connection(monkeypatch
     )
     assert got == want
     assert sorted(seen.requests[2:]) == sorted((t, c) for t, c, _, ok in want if not ok)
+
+
+MARK = [(b"l5d-orig-proto", b"HTTP/1.1")]
+
+
+def test_marked_streams_go_to_the_http1_app_relayed_when_an_app_connection_is_idle(path):
+    """h2toh1 rule 5: a bodiless marked stream with an idle app connection is answered
+    in callbacks, whatever the response's shape (whole, chunked with a trailer, still
+    arriving, too big for one frame) or the app's end (closed: 502); one that finds no
+    idle connection, or has a body, goes the coroutine way."""
+
+    async def main() -> None:
+        async with Rig() as rig:
+            client = await rig.client()
+            try:
+                got = []
+                paths = [b"/small", b"/small", b"/chunked", b"/split/100000", b"/small"]
+                paths += [b"/big/40000", b"/small", b"/close", b"/small"]
+                for p in paths:  # one at a time: each finds the last one's app connection
+                    r = client.request(p, extra=MARK)
+                    await _wait(r)
+                    got.append(r)
+                body = client.request(b"/small", b"up", extra=MARK)  # a body: a task
+                await _wait(body)
+                many = [client.request(b"/small", extra=MARK) for _ in range(10)]
+                await _wait(*many)
+                (starter,) = rig.starters()
+            finally:
+                client.close()
+            return got, body, many, starter, rig.app_heads, rig.app_conns
+
+    got, body, many, starter, heads, conns = aio.run(main())
+    small = [r for r in got if r.headers and bytes(r.body) == b"hello"]
+    assert len(small) == 5
+    assert all(dict(r.headers)[b"l5d-orig-proto"] == b"HTTP/1.1" for r in small)
+    chunked = got[2]
+    assert (bytes(chunked.body), chunked.trailers) == (b"abcde", [(b"x-end", b"1")])
+    assert bytes(got[3].body) == b"s" * 100000
+    assert bytes(got[5].body) == b"b" * 40000
+    closed = got[7]
+    assert h2msg.status_of(closed.headers) == 502
+    assert dict(closed.headers)[b"l5d-proxy-error"].startswith(b"upstream")
+    assert bytes(body.body) == b"hello"
+    assert all(bytes(r.body) == b"hello" for r in many)
+    assert all(r.reset is None for r in [*got, body, *many])
+    assert heads.count(b"/small") == 5 + 1 + 10
+    # The app's connections: one, a new one after /close, and some for the ten at once.
+    assert conns >= 2
+    # Relayed: each of the nine but the first (no idle app connection yet) and the one
+    # after /close (it aborted its connection), and of the ten the one that found the
+    # idle connection; not the one with a body.
+    assert starter.relayed == (7 + 1 if path == "callbacks" else 0)
 
 
 def test_eight_mib_both_ways_cross_the_proxy_byte_exact_under_flow_control():
