@@ -25,21 +25,32 @@ Rules:
    `HttpConn._head_bytes` does for HTTP/1.
 5. A worker keeps `h2pool.LANES` h2 connections per endpoint, each client
    connection sending on one of them (agent.proxy.h2pool rule 2).
+6. In callbacks (`start_now`, httpproxy rule 7): a bodiless request whose lane has an
+   established h2 connection is opened on it from the client's `data_received`, and
+   answered from the stream's callbacks (`UpExchange`, the client connection's callback
+   exchange while it lasts): what one batch of frames brought leaves in one client
+   write, a whole response held to the end of the loop's batch (agent.proxy.writes).
+   A client that cannot take more hands the rest of the body to a task (as `respond`
+   writes it); a stream that breaks before the head is answered 502, after it the
+   client is aborted, as on the coroutine path (which serves everything else).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agent.proxy import h1msg, h2msg, origproto
+from agent import aio
+from agent.proxy import h1msg, h2msg, origproto, record
 from agent.proxy.h1client import ClientGoneError
+from agent.proxy.h1plan import reject
 from agent.proxy.h2stream import CANCEL, Data, End, H2Stream, Head, StreamGoneError, Trailers
 from agent.proxy.http1 import BodyData, Framing, MessageEnd, ProtocolError, RequestHead
+from agent.proxy.profile import classify
 from agent.proxy.record import recorder
 from agent.proxy.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from agent.proxy.h1plan import Target
+    from agent.proxy.h1plan import Plan, Target
     from agent.proxy.h2msg import H2Headers
     from agent.proxy.httpproxy import HttpConn
 
@@ -195,3 +206,207 @@ async def _body_out(conn: HttpConn, stream: H2Stream, out: bytes, *, chunked: bo
 def cancel(got: Upgraded) -> None:
     """Drop an attempt whose response is not used (retried)."""
     got.stream.close()
+
+
+# --- in callbacks (rule 6) -------------------------------------------------------------
+
+
+def start_now(conn: HttpConn, head: RequestHead, plan: Plan, target: Target, t0: float) -> bool:
+    """Open `head` upgraded from the client's callbacks (rule 6); False, with nothing done,
+    when it has a body, may not be upgraded, or its lane has no established connection."""
+    pool = target.h2
+    if pool is None or head.framing is not Framing.NONE or not origproto.upgradable(head):
+        return False
+    headers = conn.h2_memo.headers_for(head, target)
+    if headers is None:
+        return False
+    stream = pool.stream_now((target.h2_key, conn.h2_lane), headers, end=True)
+    if stream is None:
+        return False
+    fast = UpExchange(conn, stream, head, plan, target, t0)
+    conn.fast = fast
+    stream.sink = fast.on_stream
+    return True
+
+
+class UpExchange:
+    """A bodiless request upgraded in callbacks (rule 6): the client connection's callback
+    exchange while its stream's response comes."""
+
+    __slots__ = (
+        "chunked",
+        "conn",
+        "failure",
+        "head",
+        "keep",
+        "out",
+        "plan",
+        "status",
+        "stream",
+        "t0",
+        "target",
+    )
+
+    def __init__(  # noqa: PLR0913, PLR0917 - the facts of one request
+        self,
+        conn: HttpConn,
+        stream: H2Stream,
+        head: RequestHead,
+        plan: Plan,
+        target: Target,
+        t0: float,
+    ) -> None:
+        self.conn = conn
+        self.stream = stream
+        self.head = head
+        self.plan = plan
+        self.target = target
+        self.t0 = t0
+        self.status: int | None = None  # the response's, once its head is taken
+        self.out: list[bytes] = []  # for the client, written once per batch of frames
+        self.chunked = False
+        self.keep = True
+        self.failure = False
+
+    def on_stream(self, stream: H2Stream) -> None:
+        """The stream's sink (agent.proxy.h2stream): called outside the client's context."""
+        if self.conn.fast is not self:  # the client connection went on without it
+            stream.sink = None
+            stream.close()
+            return
+        self.conn.ctx.run(self._on_items)
+
+    def _on_items(self) -> None:
+        stream = self.stream
+        while True:
+            try:
+                item = stream.next_now()
+            except StreamGoneError as exc:
+                self._broken(f"h2 stream reset ({exc.code})")
+                return
+            if item is None:
+                break
+            if self.status is None:
+                if not isinstance(item, Head):
+                    self._broken(f"h2 response began with {type(item).__name__}")
+                    return
+                self._head(item)
+                if item.end:
+                    self._finish()
+                    return
+            elif isinstance(item, Data):
+                self.out.append(origproto.chunk(item.data) if self.chunked else item.data)
+                stream.ack(item.flow)
+            elif isinstance(item, Trailers | End):
+                if self.chunked:
+                    tail = item.headers if isinstance(item, Trailers) else None
+                    self.out.append(origproto.last_chunk(tail))
+                self._finish()
+                return
+        self._flush()
+
+    def _head(self, item: Head) -> None:
+        status = h2msg.status_of(item.headers) or 502
+        self.status = status
+        self.failure = classify(self.plan.route, status)
+        out, self.chunked, self.keep = origproto.downgrade_response(
+            item.headers, self.head, end=item.end
+        )
+        self.out.append(out)
+
+    def _flush(self) -> None:
+        """What came so far to the client; past its high water the rest goes on in a task."""
+        out = self.out
+        if out:
+            self.conn.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
+        conn = self.conn
+        if conn.write_paused and self.status is not None:
+            self.stream.sink = None
+            aio.spawn(self._rest(), name="h2-upgraded-rest")
+
+    async def _rest(self) -> None:
+        """The rest of the body once the client drained (as `respond` writes it)."""
+        try:
+            await self.conn.client_drained()
+            if self.conn.down.lost:
+                raise ClientGoneError  # noqa: TRY301
+            await _body_out(self.conn, self.stream, b"", chunked=self.chunked)
+        except (StreamGoneError, ClientGoneError):
+            self._abort_client()
+            return
+        self._finish()
+
+    def _finish(self) -> None:
+        """The response is complete: settle the endpoint, metrics; the next request."""
+        conn = self.conn
+        stream = self.stream
+        stream.sink = None
+        stream.close()
+        out = self.out
+        if out:
+            conn.batch.hold(conn.transport, out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
+        status = self.status
+        assert status is not None  # noqa: S101 - the end comes after the head
+        now = conn.loop.time()
+        target = self.target
+        if target.handle is not None:
+            target.handle.done(now, not self.failure)
+        labels = target.labels
+        tally = conn.tally
+        if tally is None or tally.labels is not labels:
+            tally = conn.tally = record.RECORDER.bind_http(conn.router.direction, labels)
+        tally.exchange(status, now - self.t0, self.failure)
+        conn.fast = None
+        conn.callback_requests += 1
+        if not (self.keep and self.head.keep_alive):
+            conn.stop = True
+        self._next()
+
+    def _broken(self, reason: str) -> None:
+        """The stream broke: 502 before the response head, else the client is aborted."""
+        if self.status is not None:  # the head is out (or on its way): nothing to tell
+            self._abort_client()
+            return
+        conn = self.conn
+        stream = self.stream
+        stream.sink = None
+        stream.close()
+        target = self.target
+        if target.handle is not None:
+            target.handle.done(conn.loop.time(), ok=False)
+        conn.fast = None
+        record.RECORDER.request(conn.router.direction, target.labels)
+        conn.callback_requests += 1
+        answer = reject(502, f"upstream: {reason}")
+        conn.stop = not (conn.answer(answer, self.t0, target.labels) and self.head.keep_alive)
+        self._next()
+
+    def _abort_client(self) -> None:
+        conn = self.conn
+        self.stream.sink = None
+        self.stream.close()
+        if self.target.handle is not None:
+            self.target.handle.done(conn.loop.time(), ok=False)
+        if conn.fast is self:
+            conn.fast = None
+        conn.transport.abort()
+        conn.stop = True
+        self._next()
+
+    def lost(self) -> None:
+        """The client went away (or its connection ends): the stream is cancelled."""
+        self.stream.sink = None
+        self.stream.close()
+        if self.target.handle is not None:
+            self.target.handle.cancel()
+        if self.conn.fast is self:
+            self.conn.fast = None
+
+    def _next(self) -> None:
+        """Settle the client connection: its next queued request, or news for the coroutine."""
+        conn = self.conn
+        down = conn.down
+        if down.events or conn.stop or down.lost or down.eof:
+            conn.pump()

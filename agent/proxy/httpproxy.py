@@ -39,9 +39,11 @@ Rules:
    from the client's `data_received`, answered from the upstream's, and the
    next queued request is taken from there. The coroutine sleeps meanwhile
    (`parked`) and gets the connection back, with any work already decided
-   (`handoff`), for everything else. Both paths keep rules 1-6. A reused
-   connection that fails before any response byte hands the request to the
-   coroutine, which sends it again on a fresh one (as `_send` does).
+   (`handoff`), for everything else. A bodiless request upgraded to h2 goes the
+   same way when its lane's h2 connection is up (agent.proxy.h1toh2 rule 6).
+   Both paths keep rules 1-6. A reused connection that fails before any
+   response byte hands the request to the coroutine, which sends it again on a
+   fresh one (as `_send` does).
    Callbacks run in the connection's context (`ctx`), so the recorder sees
    `record.CONN` and `record.REQUEST` as it does in the coroutine.
 8. The callback path holds its writes (the request upstream, a whole response
@@ -114,7 +116,8 @@ class HttpConn:
         # Rule 7: the callback path's state.
         self.ctx = contextvars.copy_context()  # the connection's task context (record.CONN)
         self.parked: asyncio.Future[None] | None = None  # the coroutine sleeps on it
-        self.fast: CallbackExchange | None = None  # the exchange the callbacks are serving
+        # The exchange the callbacks are serving (an upgraded one: agent.proxy.h1toh2 rule 6).
+        self.fast: CallbackExchange | h1toh2.UpExchange | None = None
         self.handoff: Handoff | None = None
         self.stop = False  # no further request on this connection
         self._heads: dict[bytes, tuple[object, bytes]] = {}  # head as received -> (rewrite, sent)
@@ -154,6 +157,9 @@ class HttpConn:
         up = self.current
         if up is not None:
             up.abort()  # a callback exchange learns of it from the upstream's connection_lost
+        fast = self.fast
+        if isinstance(fast, h1toh2.UpExchange):
+            fast.lost()  # its stream is cancelled
         self.down.wake()
         self._wake_drain()
         if self.fast is None:
@@ -195,6 +201,9 @@ class HttpConn:
             pass
         finally:
             self.parked = None
+            fast = self.fast
+            if isinstance(fast, h1toh2.UpExchange):
+                fast.lost()
             self.fast = None  # a late upstream callback finds itself stale
             if self.current is not None:
                 self.current.abort()
@@ -322,8 +331,10 @@ class HttpConn:
             self.stop = not (self.answer(target, t0, plan.labels) and head.keep_alive)
             return True
         assert type(target) is Target  # noqa: S101 - narrowing for mypy
-        up = self.pool.take(target.key) if target.h2 is None else None
-        if up is None:  # no idle connection, or upgraded to h2 (agent.proxy.h1toh2)
+        if target.h2 is not None:  # upgraded to h2 (agent.proxy.h1toh2)
+            return self._start_upgraded(head, plan, target, t0, n)
+        up = self.pool.take(target.key)
+        if up is None:  # no idle connection
             self._hand_off(Handoff(head, t0, plan, target), n)
             return False
         up = cast("UpstreamConn", up)
@@ -331,6 +342,16 @@ class HttpConn:
         fast = CallbackExchange(self, up, head=head, t0=t0, plan=plan, target=target, body=body)
         self._send_now(fast)
         return True
+
+    def _start_upgraded(
+        self, head: RequestHead, plan: Plan, target: Target, t0: float, n: int
+    ) -> bool:
+        """`_start` for a target whose inbound takes HTTP/1 upgraded to h2."""
+        if n <= 1 and h1toh2.start_now(self, head, plan, target, t0):
+            self._drop(n)
+            return True
+        self._hand_off(Handoff(head, t0, plan, target), n)
+        return False
 
     def _send_now(self, fast: CallbackExchange) -> None:
         """Write `fast`'s request on its idle pooled connection; the callbacks take it on."""

@@ -1,0 +1,298 @@
+"""HTTP/1 upgraded to h2 between two proxies, in-process on real sockets: both paths.
+
+client (HTTP/1) -> `HttpConn` whose target takes HTTP/1 upgraded to h2
+(agent.proxy.h1toh2) -> an inbound `h2serve.serve` that gives each marked stream
+to the app as HTTP/1 (agent.proxy.h2toh1) -> a scripted HTTP/1 server. Once the h2
+connection and an app connection are up, a bodiless request goes the whole way in
+callbacks (h1toh2 rule 6, h2toh1 rule 5); the rest takes the coroutines. The
+tests run on asyncio's loop and on uvloop (the workers' loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agent.proxy import (
+    h1toh2,
+    h2msg,
+    h2pool,
+    h2serve,
+    h2stream,
+    h2toh1,
+    http2,
+    httpproxy,
+    origproto,
+    record,
+)
+from agent.proxy.h2toh1 import Downgrade
+from agent.proxy.upstream import ConnPool
+from tests.integration.test_httpproxy import (
+    HOST,
+    Run,
+    Upstream,
+    _ok,
+    _read_responses,
+    _Seen,
+    _Server,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from agent.proxy.http1 import RequestHead
+
+
+class _Inbound:
+    """The peer proxy's inbound router: every (marked) stream to the app over HTTP/1."""
+
+    direction = "inbound"
+
+    def __init__(self, app_port: int) -> None:
+        async def opener(factory: Any) -> Any:
+            return await asyncio.get_running_loop().create_connection(factory, HOST, app_port)
+
+        self.pool = ConnPool()
+        self.way = Downgrade(self.pool, ("app", app_port), opener, {"direction": "inbound"})
+
+    def route_now(self, headers: h2msg.H2Headers) -> http2.Routed | h2msg.Answer:
+        request = origproto.downgrade_request(headers)
+        assert request is not None, "only marked streams here"
+        return http2.Routed(key="app", open=self.way.open, headers=headers, h1=(self.way, request))
+
+    async def route(self, headers: h2msg.H2Headers) -> http2.Routed | h2msg.Answer:
+        return self.route_now(headers)
+
+
+class _Outbound:
+    """The client's router: every request to the peer, upgraded to h2."""
+
+    direction = "outbound"
+
+    def __init__(self, peer_port: int) -> None:
+        async def opener(factory: Any) -> Any:
+            return await asyncio.get_running_loop().create_connection(factory, HOST, peer_port)
+
+        self.labels = {"direction": "outbound", "authority": "web"}
+        self.h2 = h2pool.H2Pool()
+        target = httpproxy.Target(
+            key=("h1", peer_port), open=opener, labels=self.labels, h2=self.h2, h2_key="peer"
+        )
+        self.plan_ = httpproxy.Plan(choose=lambda _attempt: target, labels=self.labels)
+
+    def plan_now(self, head: RequestHead) -> httpproxy.Plan:  # noqa: ARG002 - Router API
+        return self.plan_
+
+    async def plan(self, head: RequestHead) -> httpproxy.Plan:
+        return self.plan_now(head)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class World:
+    up: Upstream
+    inbound: _Inbound
+    outbound: _Outbound | None = None
+    port: int = 0  # the client's proxy
+    conns: list[httpproxy.HttpConn] = field(default_factory=list)  # the client connections
+    serving: list[asyncio.Task[Any]] = field(default_factory=list)  # and their coroutines
+    peers: list[asyncio.Transport] = field(default_factory=list)  # the inbound's connections
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+
+    def starters(self) -> list[h2serve.Starter]:
+        """The inbound's `h2serve.Starter` per connection (its `on_incoming`)."""
+        return [tr.get_protocol().on_incoming.__self__ for tr in self.peers]  # type: ignore[attr-defined]
+
+    def open_streams(self) -> int:
+        """Streams open on the outbound's h2 connections."""
+        assert self.outbound is not None
+        conns = self.outbound.h2._conns.values()
+        return sum(len(c.streams) for cs in conns for c in cs)
+
+
+def _accept(loop: asyncio.AbstractEventLoop, world: World, serve: Callable[..., Any]) -> Any:
+    class _Accept(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            transport.pause_reading()  # type: ignore[attr-defined]
+            world.tasks.append(loop.create_task(serve(transport)))
+
+    return _Accept
+
+
+@contextlib.asynccontextmanager
+async def _world(script: Callable[[bytes], bytes | None]) -> AsyncIterator[World]:
+    loop = asyncio.get_running_loop()
+    up = Upstream(script)
+    app = await loop.create_server(lambda: _Server(up), HOST, 0)
+    up.port = app.sockets[0].getsockname()[1]
+    world = World(up, _Inbound(up.port))
+
+    async def serve_in(tr: Any) -> None:
+        world.peers.append(tr)
+        await h2serve.serve(tr, world.inbound, h2pool.H2Pool(), b"", eof=False)
+
+    async def serve_out(tr: Any) -> None:
+        record.CONN.set(("conn", len(world.conns)))
+        assert world.outbound is not None
+        conn = httpproxy.HttpConn(tr, world.outbound, ConnPool())
+        world.conns.append(conn)
+        task = asyncio.current_task()
+        assert task is not None
+        world.serving.append(task)
+        conn.attach(b"")
+        await conn.serve()
+
+    peer = await loop.create_server(_accept(loop, world, serve_in), HOST, 0)
+    world.outbound = outbound = _Outbound(peer.sockets[0].getsockname()[1])
+    front = await loop.create_server(_accept(loop, world, serve_out), HOST, 0)
+    world.port = front.sockets[0].getsockname()[1]
+    try:
+        yield world
+    finally:
+        front.close()
+        for t in world.tasks:
+            t.cancel()
+        await asyncio.gather(*world.tasks, return_exceptions=True)
+        outbound.h2.close()
+        world.inbound.pool.close()
+        peer.close()
+        app.close()
+        for c in up.conns:
+            if c.tr is not None:
+                c.tr.abort()
+        await asyncio.sleep(0)
+
+
+async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: bytes) -> Any:
+    writer.write(b"GET " + path + b" HTTP/1.1\r\nHost: web\r\n\r\n")
+    [got] = await _read_responses(reader, 1)
+    return got
+
+
+def test_keepalive_requests_go_upgraded_and_back_in_callbacks(run: Run) -> None:
+    async def body() -> None:
+        seen = _Seen()
+        saved, record.RECORDER = record.RECORDER, seen
+        try:
+            async with _world(_ok) as world:
+                reader, writer = await asyncio.open_connection(HOST, world.port)
+                for i in range(20):
+                    status, head, got = await _get(reader, writer, b"/r%d" % i)
+                    assert (status, got) == (200, b"/r%d" % i)
+                    assert b"l5d-orig-proto" not in head.lower()
+                writer.close()
+                await writer.wait_closed()
+                (conn,) = world.conns
+                assert conn.requests == 20
+                # The first request opened the h2 connection (coroutine); the rest were
+                # upgraded from the client's callbacks.
+                assert conn.callback_requests == 19
+                # The app saw HTTP/1 requests, unmarked, on one connection (the first
+                # stream opened it in a task; the others found it idle).
+                assert len(world.up.conns) == 1
+                assert [h.split(b" ")[1] for h, _ in world.up.seen] == [
+                    b"/r%d" % i for i in range(20)
+                ]
+                assert all(b"l5d-orig-proto" not in h.lower() for h, _ in world.up.seen)
+                (starter,) = world.starters()
+                assert (starter.count, starter.relayed) == (20, 19)
+        finally:
+            record.RECORDER = saved
+        outbound = [c for c in seen.calls if c[1] == ("conn", 0)]
+        assert [c[2] for c in outbound if c[0] == "response"] == [200] * 20
+        assert [c[2].target for c in outbound if c[0] == "request"] == [
+            b"/r%d" % i for i in range(20)
+        ]
+
+    run(body)
+
+
+def test_an_app_that_closes_unanswered_gets_502_and_the_connection_goes_on(run: Run) -> None:
+    async def body() -> None:
+        script = lambda path: None if path == b"/close" else _ok(path)  # noqa: E731
+        async with _world(script) as world:
+            reader, writer = await asyncio.open_connection(HOST, world.port)
+            assert (await _get(reader, writer, b"/warm"))[0] == 200
+            status, head, _ = await _get(reader, writer, b"/close")
+            assert status == 502
+            assert b"l5d-proxy-error" in head.lower()
+            assert (await _get(reader, writer, b"/after"))[2] == b"/after"
+            assert world.conns[0].callback_requests == 2
+            writer.close()
+            await writer.wait_closed()
+
+    run(body)
+
+
+def test_a_large_response_to_a_slow_reader_arrives_whole(run: Run) -> None:
+    async def body() -> None:
+        big = bytes(range(256)) * 8192  # 2 MiB: past the client's high water
+        async with _world(lambda path: _ok(big) if path == b"/big" else _ok(path)) as world:
+            reader, writer = await asyncio.open_connection(HOST, world.port, limit=1 << 16)
+            await _get(reader, writer, b"/warm")
+            writer.write(b"GET /big HTTP/1.1\r\nHost: web\r\n\r\n")
+            await asyncio.sleep(0.3)  # let buffers fill: the rest must wait for the client
+            [(status, _, got)] = await _read_responses(reader, 1)
+            assert status == 200
+            assert got == big
+            assert (await _get(reader, writer, b"/next"))[2] == b"/next"
+            assert world.conns[0].callback_requests == 2
+            writer.close()
+            await writer.wait_closed()
+
+    run(body)
+
+
+def test_a_client_that_leaves_mid_request_ends_its_connection_and_stream(run: Run) -> None:
+    async def body() -> None:
+        hung = asyncio.Event()
+
+        def script(path: bytes) -> bytes:
+            if path == b"/hang":
+                hung.set()
+                return b""  # never answered
+            return _ok(path)
+
+        async with _world(script) as world:
+            reader, writer = await asyncio.open_connection(HOST, world.port)
+            await _get(reader, writer, b"/warm")
+            writer.write(b"GET /hang HTTP/1.1\r\nHost: web\r\n\r\n")
+            await asyncio.wait_for(hung.wait(), 5)  # the app has it and never answers
+            assert world.open_streams() == 1
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()  # a reset: a FIN alone would be a half-close, still answered
+            # The client connection's coroutine ends (not parked forever) and the
+            # upgraded stream is cancelled.
+            await asyncio.wait_for(asyncio.shield(world.serving[0]), 5)
+            assert world.open_streams() == 0
+            assert world.conns[0].callback_requests == 0  # /warm opened, /hang never ended
+            (starter,) = world.starters()
+            assert starter.relayed == 1  # /hang: the app connection /warm left was idle
+
+    run(body)
+
+
+def test_finished_upgraded_exchanges_leave_no_cycle_for_the_collector(run: Run, cycles) -> None:
+    # A callback exchange and its stream refer to each other (the stream's sink) until
+    # the exchange ends; then reference counting alone must free both, on both proxies.
+    async def body() -> None:
+        async with _world(_ok) as world:
+            reader, writer = await asyncio.open_connection(HOST, world.port)
+            for path in (b"/a", b"/b", b"/c", b"/d"):
+                assert (await _get(reader, writer, path))[0] == 200
+            writer.close()
+            await asyncio.wait_for(asyncio.shield(world.serving[0]), 5)
+            assert world.conns[0].callback_requests == 3
+            world.conns.clear()
+            world.serving.clear()
+            kinds = (h1toh2.UpExchange, h2toh1.DownExchange, h2stream.H2Stream)
+            assert cycles(kinds) == 0
+
+    run(body)
