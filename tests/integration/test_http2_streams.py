@@ -412,6 +412,18 @@ async def _wait(*responses: Response, limit_s: float = 10) -> None:
         await asyncio.gather(*(r.done for r in responses))
 
 
+async def _cancelled_upstream(rig: Rig, rs: list[Response]) -> None:
+    """Each of `rs` (streams the upstream never answers) is reset upstream with CANCEL,
+    and the client's side of each ends (reset, or its connection lost)."""
+    async with asyncio.timeout(5):
+        while len(rig.upstream_resets) < len(rs):  # noqa: ASYNC110 - set by the upstream
+            await asyncio.sleep(0.01)
+    assert rig.upstream_resets == [h2.errors.ErrorCodes.CANCEL] * len(rs)
+    for r in rs:
+        with contextlib.suppress(ConnectionError):
+            await r.done
+
+
 # --- tests -------------------------------------------------------------------------------
 
 
@@ -756,13 +768,7 @@ def test_closing_the_client_connection_resets_the_upstream_streams():
             rs = [client.request(b"/hang") for _ in range(3)]
             await asyncio.sleep(0.2)
             client.close()
-            async with asyncio.timeout(5):
-                while len(rig.upstream_resets) < 3:  # noqa: ASYNC110 - set by the upstream
-                    await asyncio.sleep(0.01)
-            assert rig.upstream_resets == [h2.errors.ErrorCodes.CANCEL] * 3
-            for r in rs:
-                with contextlib.suppress(ConnectionError):
-                    await r.done
+            await _cancelled_upstream(rig, rs)
 
     aio.run(main())
 
@@ -780,13 +786,7 @@ def test_a_client_that_breaks_the_protocol_loses_its_connection_and_its_streams_
                 await asyncio.sleep(0.2)
                 assert bad.transport is not None
                 bad.transport.write(b"\0\0\1\0\0\0\0\0\0x")  # DATA, length 1, stream 0
-                async with asyncio.timeout(5):
-                    while len(rig.upstream_resets) < 3:  # noqa: ASYNC110 - set by the upstream
-                        await asyncio.sleep(0.01)
-                assert rig.upstream_resets == [h2.errors.ErrorCodes.CANCEL] * 3
-                for r in hung:
-                    with contextlib.suppress(ConnectionError):
-                        await r.done
+                await _cancelled_upstream(rig, hung)
                 after = good.request(b"/echo", b"still")
                 await _wait(after)
                 assert bytes(after.body) == b"still"
