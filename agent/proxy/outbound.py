@@ -23,7 +23,7 @@ Flow per connection (DESIGN.md "Flows", outbound):
      whose listener accepted), SNI and exact peer identity = `tls_identity`;
      no usable certificate: 502 / close (fail closed);
    - otherwise plain TCP from A's netns.
-   With `--h2-upgrade on` (the default; bench/RESULTS.md, seventeenth
+   With `--h2-upgrade on` (off by default: bench/RESULTS.md, seventeenth
    pass), an HTTP/1 request to a meshed endpoint that Destination hints `h2`
    (its inbound is a Linkerd-compatible proxy) goes upgraded to an h2 stream
    marked `l5d-orig-proto` (agent.proxy.origproto, agent.proxy.h1toh2), on

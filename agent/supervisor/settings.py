@@ -72,7 +72,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option(
         flag="--h2-upgrade",
         parse=config.choice("on", "off"),
-        default="on",
+        default="off",
         help="send HTTP/1 to endpoints hinted h2 as h2 streams (l5d-orig-proto), as Linkerd does",
     ),
     Option(
@@ -132,7 +132,7 @@ class RunSettings:
     workers: int = 1
     admin_addr: tuple[str, int] = ("0.0.0.0", config.ADMIN_PORT)
     grace: float = 30.0
-    h2_upgrade: bool = True
+    h2_upgrade: bool = False
     identity_dir: Path | None = None
     trust_anchors: Path | None = None
     token_source: str = "mint"  # noqa: S105 - a source name, not a secret

@@ -22,10 +22,8 @@ def _settings(tmp_path, argv: list[str], env: dict[str, str] | None = None) -> R
     return RunSettings.from_values(config.resolve(args, env or {}, RUN_OPTIONS))
 
 
-def test_h2_upgrade_is_on_unless_turned_off_and_reaches_the_worker_command(tmp_path):
-    assert _settings(tmp_path, []).h2_upgrade
-    assert not _settings(tmp_path, ["--h2-upgrade", "off"]).h2_upgrade
-    assert not _settings(tmp_path, [], {"MESHAGENT_H2_UPGRADE": "off"}).h2_upgrade
+def test_h2_upgrade_is_off_unless_asked_and_reaches_the_worker_command(tmp_path):
+    assert not _settings(tmp_path, []).h2_upgrade
     assert _settings(tmp_path, ["--h2-upgrade", "on"]).h2_upgrade
     assert _settings(tmp_path, [], {"MESHAGENT_H2_UPGRADE": "on"}).h2_upgrade
     assert not _settings(
