@@ -37,7 +37,6 @@ from agent.proxy.h2conn import H2Conn
 from agent.proxy.h2frame import ErrorCode
 from agent.proxy.h2stream import (
     CANCEL,
-    NO_ERROR,
     Data,
     End,
     H2Stream,
@@ -200,8 +199,7 @@ class Relay:
 
     def begin(self) -> None:
         down, up = self.down, self.up
-        down.on_reset = up.cancel  # rule 3: resets travel both ways
-        up.on_reset = down.reset
+        http2.link_resets(down, up)  # rule 3
         up.sink = self.on_response
         if self.request == CALLBACKS:
             down.sink = self.on_request
@@ -237,7 +235,7 @@ class Relay:
             elif isinstance(item, Trailers):
                 up.send_headers(item.headers, end=True)
             elif isinstance(item, End):
-                if not (up.gone == NO_ERROR and up.remote_ended):
+                if not up.dismissed:
                     up.end()
             else:
                 return False
@@ -280,7 +278,7 @@ class Relay:
                 self._finish(h2msg.grpc_status(item.headers))
                 return True
             if isinstance(item, End):
-                if not (down.gone == NO_ERROR and down.remote_ended):
+                if not down.dismissed:
                     down.end()
                 self._finish(None)
                 return True

@@ -331,6 +331,12 @@ class H2Stream:
         self.conn.forget(self)
 
     @property
+    def dismissed(self) -> bool:
+        """The peer sent its whole side, then reset with NO_ERROR: it reads no more of ours
+        (RFC 9113 8.1), and what we were sending is simply over."""
+        return self.gone == NO_ERROR and self.remote_ended
+
+    @property
     def bodiless(self) -> bool:
         """The peer ended the stream and nothing but the end is left to read."""
         return self.remote_ended and len(self.items) == 1 and isinstance(self.items[0], End)

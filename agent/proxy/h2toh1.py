@@ -338,7 +338,7 @@ class DownExchange:
         REQUEST.set(self.request)
         way.record(resp.status, down.conn.loop.time() - self.t0)
         if rest:  # the window did not take the body at once, or trailers follow it
-            self.spawn(_last_then_close(down, body, tail))
+            self.spawn(_then_close(down, _last(down, body, tail)))
         else:
             down.close()
 
@@ -367,28 +367,14 @@ class DownExchange:
         exch.head.set_result(resp)
         up.exch = exch
         REQUEST.set(self.request)
-        self.spawn(_rest_then_close(self.way, down, up, exch, resp, self.t0))
+        self.spawn(_then_close(down, self.way.rest(down, up, exch, resp, self.t0)))
 
 
-async def _rest_then_close(  # noqa: PLR0913, PLR0917 - where the callbacks left the stream
-    way: Downgrade,
-    down: H2Stream,
-    up: UpstreamConn,
-    exch: Exchange,
-    resp: ResponseHead,
-    t0: float,
-) -> None:
+async def _then_close(down: H2Stream, work: Coroutine[Any, Any, None]) -> None:
+    """Finish `down`'s response in a task (`work`), then close the stream; reset when it
+    went away meanwhile."""
     try:
-        await way.rest(down, up, exch, resp, t0)
-    except StreamGoneError:
-        down.reset(CANCEL)
-    finally:
-        down.close()
-
-
-async def _last_then_close(down: H2Stream, body: bytes, tail: http1.Headers | None) -> None:
-    try:
-        await _last(down, body, tail)
+        await work
     except StreamGoneError:
         down.reset(CANCEL)
     finally:

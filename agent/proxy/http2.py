@@ -210,18 +210,7 @@ async def proxy_stream(
                 pump = link(down, up)
                 head = await _response_head(up)
         except (TimeoutError, UpstreamError) as exc:
-            if pump is not None:
-                pump.cancel()
-            status, why = (
-                (504, "request timed out")
-                if isinstance(exc, TimeoutError)
-                else (
-                    getattr(exc, "status", 502),
-                    str(exc),
-                )
-            )
-            grpc = h2msg.is_grpc(down.request)
-            await _fail(down, up, routed, router.direction, t0, (status, why), grpc=grpc)
+            await _fail(down, up, routed, router.direction, t0, pump, exc)
             return
         await _respond(down, up, head, routed, router.direction, t0)
         await wait_request(down, pump)
@@ -248,11 +237,7 @@ async def resume(  # noqa: PLR0913, PLR0917 - where the callbacks left the strea
             try:
                 head = await _response_head(up)
             except UpstreamError as exc:
-                if pump is not None:
-                    pump.cancel()
-                why = (getattr(exc, "status", 502), str(exc))
-                grpc = h2msg.is_grpc(down.request)
-                await _fail(down, up, routed, direction, t0, why, grpc=grpc)
+                await _fail(down, up, routed, direction, t0, pump, exc)
                 return
             await _respond(down, up, head, routed, direction, t0)
         else:
@@ -311,11 +296,17 @@ def close(
 
 def link(down: H2Stream, up: H2Stream) -> asyncio.Task[int | None] | None:
     """Resets travel both ways (rule 3); the task forwarding the request body, if any."""
-    down.on_reset = up.cancel
-    up.on_reset = down.reset
+    link_resets(down, up)
     if up.local_ended:  # the request had no body: no task for it
         return None
     return pump_request(down, up)
+
+
+def link_resets(down: H2Stream, up: H2Stream) -> None:
+    """A reset of either stream resets the other (rule 3): the client's cancels upstream,
+    the upstream's reaches the client with its code."""
+    down.on_reset = up.cancel
+    up.on_reset = down.reset
 
 
 def pump_request(down: H2Stream, up: H2Stream) -> asyncio.Task[int | None]:
@@ -383,7 +374,7 @@ async def _pump(src: H2Stream, dst: H2Stream, *, propagate: bool = False) -> int
                 dst.send_headers(item.headers, end=True)
                 return h2msg.grpc_status(item.headers)
             elif isinstance(item, End):
-                if not (dst.gone == NO_ERROR and dst.remote_ended):
+                if not dst.dismissed:
                     dst.end()
                 return None
             else:  # a second HEADERS that is not trailers
@@ -408,7 +399,7 @@ async def _forward(src: H2Stream, dst: H2Stream, item: Data) -> bool:
         if not dst.send_data_now(item.data, end=end):
             await dst.send_data(item.data, end=end)
     except StreamGoneError:
-        if dst.gone == NO_ERROR and dst.remote_ended:
+        if dst.dismissed:
             await _discard_rest(src)  # the response is complete: rule 3
             return True
         raise
@@ -449,17 +440,25 @@ async def _fail(  # noqa: PLR0913, PLR0917 - the facts of one failed stream
     routed: Routed,
     direction: str,
     t0: float,
-    why: tuple[int, str],
-    *,
-    grpc: bool,
+    pump: asyncio.Task[int | None] | None,
+    exc: TimeoutError | UpstreamError,
 ) -> None:
+    """No response head: the request's body stops, the upstream stream is cancelled,
+    and the client gets the proxy's answer (504 past the route timeout, rule 5; else
+    the error's status, 502 by default)."""
+    if pump is not None:
+        pump.cancel()
+    if isinstance(exc, TimeoutError):
+        why = (504, "request timed out")
+    else:
+        why = (getattr(exc, "status", 502), str(exc))
     down.on_reset = None
     if up is not None:
         up.on_reset = None
         up.reset(CANCEL)
     if routed.handle is not None:
         routed.handle.done(down.conn.loop.time(), ok=False)
-    answer = h2msg.answer_for(why[0], why[1], grpc=grpc)
+    answer = h2msg.answer_for(why[0], why[1], grpc=h2msg.is_grpc(down.request))
     await _answer(down, answer, direction, routed.labels, t0)
 
 
