@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, cast
 
-from agent.proxy import h1msg, http1, record
-from agent.proxy.h1plan import Plan, Target, reject
+from agent.proxy import h1msg, http1
+from agent.proxy.h1plan import Plan, Target  # noqa: TC001 - field types: compiled, a dataclass resolves them
 from agent.proxy.http1 import (
     BodyData,
     Framing,
@@ -207,18 +207,9 @@ class CallbackExchange:
             conn.pool.release(up)  # closes it when not reusable
         else:
             up.close()
-        labels = target.labels
-        tally = conn.tally
-        if tally is None or tally.labels is not labels:
-            tally = conn.tally = record.RECORDER.bind_http(conn.router.direction, labels)
-        tally.exchange(resp.status, now - self.t0, self.failure)
-        conn.fast = None
-        conn.callback_requests += 1
-        if not self.keep:
-            conn.stop = True
-        down = conn.down
-        if down.events or conn.stop or down.lost or down.eof:
-            conn.pump()  # the next queued request, or news for the coroutine
+        conn.exchanged(
+            target.labels, resp.status, now - self.t0, failure=self.failure, keep=self.keep
+        )
 
     def _broken(self, err: UpstreamError) -> None:
         """The upstream failed: resend, answer 502, or abort the client (rule 5)."""
@@ -248,10 +239,9 @@ class CallbackExchange:
         else:
             if handle is not None:
                 handle.done(now, ok=False)
-            record.RECORDER.request(conn.router.direction, target.labels)
-            conn.callback_requests += 1
-            answer = reject(err.status, str(err))
-            conn.stop = not (conn.answer(answer, self.t0, target.labels) and self.head.keep_alive)
+            conn.answer_failed(
+                err.status, str(err), self.t0, target.labels, keep_alive=self.head.keep_alive
+            )
         conn.pump()
 
 

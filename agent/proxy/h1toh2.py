@@ -40,9 +40,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agent import aio
-from agent.proxy import h1msg, h2msg, origproto, record
+from agent.proxy import h1msg, h2msg, origproto
 from agent.proxy.h1client import ClientGoneError
-from agent.proxy.h1plan import reject
 from agent.proxy.h2stream import CANCEL, Data, End, H2Stream, Head, StreamGoneError, Trailers
 from agent.proxy.http1 import BodyData, Framing, MessageEnd, ProtocolError, RequestHead
 from agent.proxy.profile import classify
@@ -271,8 +270,7 @@ class UpExchange:
     def on_stream(self, stream: H2Stream) -> None:
         """The stream's sink (agent.proxy.h2stream): called outside the client's context."""
         if self.conn.fast is not self:  # the client connection went on without it
-            stream.sink = None
-            stream.close()
+            stream.close()  # its sink too (`discard`)
             return
         self.conn.ctx.run(self._on_items)
 
@@ -340,9 +338,7 @@ class UpExchange:
     def _finish(self) -> None:
         """The response is complete: settle the endpoint, metrics; the next request."""
         conn = self.conn
-        stream = self.stream
-        stream.sink = None
-        stream.close()
+        self.stream.close()
         out = self.out
         if out:
             conn.batch.hold(conn.transport, out[0] if len(out) == 1 else b"".join(out))
@@ -353,16 +349,8 @@ class UpExchange:
         target = self.target
         if target.handle is not None:
             target.handle.done(now, not self.failure)
-        labels = target.labels
-        tally = conn.tally
-        if tally is None or tally.labels is not labels:
-            tally = conn.tally = record.RECORDER.bind_http(conn.router.direction, labels)
-        tally.exchange(status, now - self.t0, self.failure)
-        conn.fast = None
-        conn.callback_requests += 1
-        if not (self.keep and self.head.keep_alive):
-            conn.stop = True
-        self._next()
+        keep = self.keep and self.head.keep_alive
+        conn.exchanged(target.labels, status, now - self.t0, failure=self.failure, keep=keep)
 
     def _broken(self, reason: str) -> None:
         """The stream broke: 502 before the response head, else the client is aborted."""
@@ -370,22 +358,18 @@ class UpExchange:
             self._abort_client()
             return
         conn = self.conn
-        stream = self.stream
-        stream.sink = None
-        stream.close()
+        self.stream.close()
         target = self.target
         if target.handle is not None:
             target.handle.done(conn.loop.time(), ok=False)
         conn.fast = None
-        record.RECORDER.request(conn.router.direction, target.labels)
-        conn.callback_requests += 1
-        answer = reject(502, f"upstream: {reason}")
-        conn.stop = not (conn.answer(answer, self.t0, target.labels) and self.head.keep_alive)
-        self._next()
+        conn.answer_failed(
+            502, f"upstream: {reason}", self.t0, target.labels, keep_alive=self.head.keep_alive
+        )
+        conn.pump()
 
     def _abort_client(self) -> None:
         conn = self.conn
-        self.stream.sink = None
         self.stream.close()
         if self.target.handle is not None:
             self.target.handle.done(conn.loop.time(), ok=False)
@@ -393,20 +377,12 @@ class UpExchange:
             conn.fast = None
         conn.transport.abort()
         conn.stop = True
-        self._next()
+        conn.pump()
 
     def lost(self) -> None:
         """The client went away (or its connection ends): the stream is cancelled."""
-        self.stream.sink = None
         self.stream.close()
         if self.target.handle is not None:
             self.target.handle.cancel()
         if self.conn.fast is self:
             self.conn.fast = None
-
-    def _next(self) -> None:
-        """Settle the client connection: its next queued request, or news for the coroutine."""
-        conn = self.conn
-        down = conn.down
-        if down.events or conn.stop or down.lost or down.eof:
-            conn.pump()

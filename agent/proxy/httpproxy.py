@@ -719,6 +719,35 @@ class HttpConn:
             up.abort()
             self.current = None
 
+    # --- how a callback exchange ends (rule 7: h1fast's and h1toh2's) ---
+
+    def exchanged(
+        self, labels: Labels, status: int, latency_s: float, *, failure: bool, keep: bool
+    ) -> None:
+        """A callback exchange answered its request: counted through the connection's
+        bound handle (record rule 5); the callbacks take the next queued request, or the
+        coroutine hears the news."""
+        tally = self.tally
+        if tally is None or tally.labels is not labels:
+            tally = self.tally = recorder().bind_http(self.router.direction, labels)
+        tally.exchange(status, latency_s, failure)
+        self.fast = None
+        self.callback_requests += 1
+        if not keep:
+            self.stop = True
+        down = self.down
+        if down.events or self.stop or down.lost or down.eof:
+            self.pump()
+
+    def answer_failed(
+        self, status: int, message: str, t0: float, labels: Labels, *, keep_alive: bool
+    ) -> None:
+        """A callback exchange failed before its response: the proxy answers (rule 5),
+        counted as the request it was; the connection goes on if the client may."""
+        recorder().request(self.router.direction, labels)
+        self.callback_requests += 1
+        self.stop = not (self.answer(reject(status, message), t0, labels) and keep_alive)
+
     def answer(self, reject: Reject, t0: float, labels: Labels) -> bool:
         self.write(reject.response)
         recorder().response(
