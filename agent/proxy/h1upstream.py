@@ -37,10 +37,11 @@ from agent.proxy.http1 import BodyData, MessageEnd, ProtocolError, ResponseHead,
 from agent.proxy.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable
+    from collections.abc import Callable, Hashable
 
     from agent.proxy.h1fast import CallbackExchange
     from agent.proxy.h2toh1 import DownExchange
+    from agent.proxy.upstream import Pooled
 
 HIGH_WATER: Final = 256 * 1024
 LOW_WATER: Final = 64 * 1024
@@ -163,6 +164,7 @@ class UpstreamConn(asyncio.Protocol):
         "idle_since",
         "loop",
         "lost",
+        "on_gone",
         "parser",
         "pool_key",
         "transport",
@@ -174,6 +176,7 @@ class UpstreamConn(asyncio.Protocol):
         self.parser = http1.ResponseParser()
         self.pool_key: Hashable = None
         self.idle_since = 0.0
+        self.on_gone: Callable[[Pooled], None] | None = None  # the pool's count (upstream rule 5)
         self.exch: Exchange | CallbackExchange | DownExchange | None = None
         self.lost = False
         self.eof = False
@@ -214,6 +217,10 @@ class UpstreamConn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        gone = self.on_gone
+        if gone is not None:
+            self.on_gone = None
+            gone(self)
         exch = self.exch
         if exch is not None and not exch.ended:
             reason = f"connection lost: {exc}" if exc else "connection closed"

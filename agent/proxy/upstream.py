@@ -15,6 +15,11 @@ Rules:
    everything that makes connections non-interchangeable (source pod, TLS
    identity, destination address). Dead connections are skipped; idle ones are
    closed after `idle_timeout`.
+5. `ConnPool` counts the connections it opens per key, from the moment it starts
+   opening one until it is lost (`live`, through the connection's `on_gone`), idle
+   or busy, so that a burst of requests does not open one each: `crowded` says a
+   key has no idle connection and `limit` or more busy ones (agent.proxy.h1toh2
+   rule 7 upgrades such requests instead of opening more).
 """
 
 from __future__ import annotations
@@ -188,6 +193,7 @@ class Pooled(Protocol):
 
     pool_key: Hashable
     idle_since: float
+    on_gone: Callable[[Pooled], None] | None  # called once when the connection is lost (rule 5)
 
     @property
     def reusable(self) -> bool:
@@ -216,6 +222,7 @@ class ConnPool:
         self._last_key: Hashable | None = None
         self._last_idle: list[UpstreamConn | Pooled] | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        self._live: dict[Hashable, int] = {}  # rule 5
         self.opened = 0
         self.reused = 0
 
@@ -244,10 +251,38 @@ class ConnPool:
         conn = self.take(key)
         if conn is not None:
             return conn, True
-        conn = await opener()
+        self._live[key] = self._live.get(key, 0) + 1  # busy from the start (rule 5)
+        try:
+            conn = await opener()
+        except BaseException:
+            self._dec(key)
+            raise
         conn.pool_key = key
         self.opened += 1
+        if conn.reusable:
+            conn.on_gone = self._gone
+        else:  # lost already (a new connection is otherwise reusable)
+            self._gone(conn)
         return conn, False
+
+    def _gone(self, conn: UpstreamConn | Pooled) -> None:
+        self._dec(conn.pool_key)
+
+    def _dec(self, key: Hashable) -> None:
+        n = self._live.get(key, 0) - 1
+        if n > 0:
+            self._live[key] = n
+        else:
+            self._live.pop(key, None)
+
+    def live(self, key: Hashable) -> int:
+        """Connections this pool is opening or opened for `key` and not yet lost (rule 5)."""
+        return self._live.get(key, 0)
+
+    def crowded(self, key: Hashable, limit: int) -> bool:
+        """No idle connection for `key`, and `limit` or more of its connections busy."""
+        idle = self._last_idle if key is self._last_key else self._idle.get(key)
+        return not idle and self._live.get(key, 0) >= limit
 
     def release(self, conn: UpstreamConn | Pooled) -> None:
         """Give a connection back after a complete exchange (closed if not reusable)."""

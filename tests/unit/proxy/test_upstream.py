@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -70,6 +71,7 @@ class FakeConn:
         self.idle_since = 0.0
         self.alive = True
         self.closed = False
+        self.on_gone = None
 
     @property
     def reusable(self) -> bool:
@@ -77,6 +79,13 @@ class FakeConn:
 
     def close(self) -> None:
         self.closed = True
+        self.lose()
+
+    def lose(self) -> None:
+        """What `connection_lost` does for the pool (UpstreamConn)."""
+        gone, self.on_gone = self.on_gone, None
+        if gone is not None:
+            gone(self)
 
 
 async def test_pool_reuses_live_connections_per_key_and_skips_dead_ones():
@@ -101,6 +110,74 @@ async def test_pool_reuses_live_connections_per_key_and_skips_dead_ones():
     assert c3 is not c1
     assert c1.closed
     pool.close()
+
+
+async def test_pool_counts_its_connections_per_key_until_each_is_lost():
+    pool = ConnPool()
+    made: list[FakeConn] = []
+
+    async def opener():
+        made.append(FakeConn())
+        return made[-1]
+
+    assert not pool.crowded("k", 2)  # nothing to share: open one
+    a, _ = await pool.acquire("k", opener)
+    b, _ = await pool.acquire("k", opener)
+    await pool.acquire("other", opener)
+    assert (pool.live("k"), pool.live("other")) == (2, 1)
+    assert pool.crowded("k", 2)  # both busy
+    assert not pool.crowded("k", 3)
+    assert not pool.crowded("other", 2)
+    pool.release(a)
+    assert not pool.crowded("k", 2)  # an idle one to take
+    assert pool.take("k") is a
+    assert pool.crowded("k", 2)
+    b.lose()  # the upstream closed it mid-exchange: the pool never saw it again
+    assert pool.live("k") == 1
+    assert not pool.crowded("k", 2)
+    a.lose()
+    b.lose()  # told once only
+    assert pool.live("k") == 0
+
+    async def lost_at_once():
+        conn = FakeConn()
+        conn.alive = False  # lost before the pool could listen
+        return conn
+
+    await pool.acquire("k", lost_at_once)
+    assert pool.live("k") == 0
+    made[2].close()  # the busy one to "other", closed by its exchange
+    assert pool.live("other") == 0
+    pool.close()
+
+
+async def test_a_connection_being_opened_counts_and_a_failed_one_does_not():
+    # A burst of requests must not open a connection each: the first ones count
+    # while their connections are still being opened (h1toh2 rule 7).
+    pool = ConnPool()
+    gate = asyncio.Event()
+
+    async def slow_opener():
+        await gate.wait()
+        return FakeConn()
+
+    async def failing_opener():
+        raise OSError("refused")
+
+    first = asyncio.ensure_future(pool.acquire("k", slow_opener))
+    second = asyncio.ensure_future(pool.acquire("k", slow_opener))
+    await asyncio.sleep(0)
+    assert pool.live("k") == 2
+    assert pool.crowded("k", 2)
+    gate.set()
+    (a, _), (b, _) = await first, await second
+    assert pool.live("k") == 2
+    with pytest.raises(OSError, match="refused"):
+        await pool.acquire("k", failing_opener)
+    assert pool.live("k") == 2
+    a.close()
+    b.close()
+    assert pool.live("k") == 0
 
 
 async def test_pool_closes_connections_beyond_its_idle_limit():
