@@ -48,6 +48,9 @@ class Target:
     # the pool of multiplexed connections and the key there (`open` connects either).
     h2: H2Pool | None
     h2_key: Hashable
+    # 0: every request goes upgraded; N: only when the HTTP/1 pool has no idle connection
+    # for `key` and N busy ones (`--h2-upgrade auto`, agent.proxy.h1toh2 rule 7).
+    h2_plain: int
 
     def __init__(  # noqa: PLR0913 - one per outbound request: written (agent.native rule 5)
         self,
@@ -59,6 +62,7 @@ class Target:
         labels: Labels | None = None,
         h2: H2Pool | None = None,
         h2_key: Hashable = None,
+        h2_plain: int = 0,
     ) -> None:
         self.key = key
         self.open = open
@@ -67,6 +71,7 @@ class Target:
         self.labels = {} if labels is None else labels
         self.h2 = h2
         self.h2_key = h2_key
+        self.h2_plain = h2_plain
 
 
 @dataclass(slots=True, kw_only=True)

@@ -33,11 +33,18 @@ Rules:
    A client that cannot take more hands the rest of the body to a task (as `respond`
    writes it); a stream that breaks before the head is answered 502, after it the
    client is aborted, as on the coroutine path (which serves everything else).
+7. `--h2-upgrade auto` (the default) upgrades a request only when multiplexing pays:
+   its target's HTTP/1 pool has no idle connection and `AUTO_PLAIN` busy ones
+   (`ConnPool.crowded`, agent.proxy.upstream rule 5). One request at a time, or a few,
+   go as plain HTTP/1 inside mTLS on pooled connections, which costs less per
+   request when nothing shares a TLS record; beyond that, requests share the lane's
+   h2 connection instead of opening more TLS connections (bench/RESULTS.md,
+   eighteenth pass). `on` upgrades every request, `off` none.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from agent import aio
 from agent.proxy import h1msg, h2msg, origproto
@@ -52,6 +59,9 @@ if TYPE_CHECKING:
     from agent.proxy.h1plan import Plan, Target
     from agent.proxy.h2msg import H2Headers
     from agent.proxy.httpproxy import HttpConn
+
+
+AUTO_PLAIN: Final = 2  # rule 7: busy HTTP/1 connections per target before upgrading
 
 
 class Upgraded:

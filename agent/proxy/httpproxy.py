@@ -331,17 +331,33 @@ class HttpConn:
             self.stop = not (self.answer(target, t0, plan.labels) and head.keep_alive)
             return True
         assert type(target) is Target  # noqa: S101 - narrowing for mypy
-        if target.h2 is not None:  # upgraded to h2 (agent.proxy.h1toh2)
+        h2 = target.h2
+        if h2 is not None and not target.h2_plain:  # always upgraded (agent.proxy.h1toh2)
             return self._start_upgraded(head, plan, target, t0, n)
         up = self.pool.take(target.key)
         if up is None:  # no idle connection
-            self._hand_off(Handoff(head, t0, plan, target), n)
-            return False
+            return self._start_unpooled(head, plan, target, t0, n)
         up = cast("UpstreamConn", up)
         body = self._drop(n)
         fast = CallbackExchange(self, up, head=head, t0=t0, plan=plan, target=target, body=body)
         self._send_now(fast)
         return True
+
+    def _start_unpooled(
+        self, head: RequestHead, plan: Plan, target: Target, t0: float, n: int
+    ) -> bool:
+        """`_start` for a request that found no idle HTTP/1 connection: upgraded when its
+        target's are all busy (agent.proxy.h1toh2 rule 7), else to the coroutine."""
+        if target.h2 is not None and self.pool.live(target.key) >= target.h2_plain:
+            return self._start_upgraded(head, plan, target, t0, n)
+        self._hand_off(Handoff(head, t0, plan, target), n)
+        return False
+
+    def _upgrade(self, target: Target) -> bool:
+        """Whether a request to `target` (whose inbound takes h2) goes upgraded now
+        (agent.proxy.h1toh2 rule 7)."""
+        plain = target.h2_plain
+        return not plain or self.pool.crowded(target.key, plain)
 
     def _start_upgraded(
         self, head: RequestHead, plan: Plan, target: Target, t0: float, n: int
@@ -559,7 +575,7 @@ class HttpConn:
     ) -> tuple[UpstreamConn, Exchange, ResponseHead] | h1toh2.Upgraded:
         """Send the attempt upgraded to h2 when its target and the request allow, else
         as HTTP/1 (`_send`)."""
-        if target.h2 is not None and upgradable(head):
+        if target.h2 is not None and upgradable(head) and self._upgrade(target):
             got = await h1toh2.send(self, target, head, replay)
             if got is not None:
                 return got

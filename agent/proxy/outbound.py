@@ -23,12 +23,13 @@ Flow per connection (DESIGN.md "Flows", outbound):
      whose listener accepted), SNI and exact peer identity = `tls_identity`;
      no usable certificate: 502 / close (fail closed);
    - otherwise plain TCP from A's netns.
-   With `--h2-upgrade on` (off by default: bench/RESULTS.md, seventeenth
-   pass), an HTTP/1 request to a meshed endpoint that Destination hints `h2`
-   (its inbound is a Linkerd-compatible proxy) goes upgraded to an h2 stream
+   An HTTP/1 request to a meshed endpoint that Destination hints `h2` (its
+   inbound is a Linkerd-compatible proxy) may go upgraded to an h2 stream
    marked `l5d-orig-proto` (agent.proxy.origproto, agent.proxy.h1toh2), on
-   the worker's multiplexed h2 connection to that endpoint; what cannot be
-   upgraded (origproto rule 1) goes as HTTP/1 inside mTLS.
+   the worker's multiplexed h2 connection to that endpoint: `--h2-upgrade
+   auto` (the default) when the endpoint's HTTP/1 connections are all busy
+   (h1toh2 rule 7), `on` always, `off` never; what cannot be upgraded
+   (origproto rule 1) goes as HTTP/1 inside mTLS.
    Upstream sockets are made in A's netns with the proxy mark; the peer
    node's capture sends them to the peer pod's inbound listener.
 """
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from agent.errors import AgentError
 from agent.policy.authorize import Facts, parse_ip
-from agent.proxy import h1msg, h2pool, h2route, http1, httpproxy, inbound
+from agent.proxy import h1msg, h1toh2, h2pool, h2route, http1, httpproxy, inbound
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NeedMore, Protocol, detect
 from agent.proxy.h2pool import H2Pool  # noqa: TC001 - an attribute type of a compiled class
@@ -436,6 +437,7 @@ class _Choice:
         "gen",
         "h2",
         "h2_key",
+        "h2_plain",
         "hop",
         "labels",
         "material",
@@ -470,9 +472,11 @@ class _Choice:
         self.labels = labels
         self.authz: tuple[tuple[str, str, int], dict[str, Any]] | None = None  # local hops
         # HTTP/1 goes upgraded to h2 (rule 4): an mTLS hop to an endpoint hinted `h2`.
-        upgrade = worker.h2_upgrade and hop.kind == "mtls" and ep.protocol_hint is ProtocolHint.H2
+        mode = worker.h2_upgrade
+        upgrade = mode != "off" and hop.kind == "mtls" and ep.protocol_hint is ProtocolHint.H2
         self.h2: H2Pool | None = h2pool.pool_of(worker) if upgrade else None
         self.h2_key: Hashable = ("h2", *hop.key) if upgrade else None
+        self.h2_plain = h1toh2.AUTO_PLAIN if mode == "auto" else 0
 
 
 class _Lane:
@@ -512,6 +516,7 @@ class _Lane:
             labels=choice.labels,
             h2=choice.h2,
             h2_key=choice.h2_key,
+            h2_plain=choice.h2_plain,
         )
 
 

@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 from agent.proxy import channel as ch
 from agent.redirect.model import PROXY_MARK
 
+H2_UPGRADE_MODES = ("auto", "on", "off")  # `--h2-upgrade` (agent.proxy.h1toh2 rule 7)
+
 if TYPE_CHECKING:
     import socket
 
@@ -60,7 +62,7 @@ class WorkerOptions:
     idle_timeout_s: float = 3600.0
     connect_timeout_s: float = 5.0
     stats_interval_s: float = 5.0
-    h2_upgrade: bool = False  # HTTP/1 to endpoints hinted h2 goes as h2 (agent.proxy.h1toh2)
+    h2_upgrade: str = "auto"  # one of H2_UPGRADE_MODES
     plugins: tuple[str, ...] = ("agent.proxy.dataplane",)  # the mesh data path
     log_level: str = "info"
     python: str = sys.executable
@@ -80,8 +82,7 @@ class WorkerOptions:
             f"--stats-interval={self.stats_interval_s}",
             f"--log-level={self.log_level}",
         ]
-        if self.h2_upgrade:
-            argv.append("--h2-upgrade")
+        argv += ["--h2-upgrade", self.h2_upgrade]
         argv.extend(f"--plugin={p}" for p in self.plugins)
         return argv
 

@@ -59,6 +59,7 @@ from agent.errors import AgentError
 from agent.proxy import channel as ch
 from agent.proxy import record, tcp
 from agent.proxy.listener import LISTEN_BACKLOG, ListenerKind, UpstreamSockets
+from agent.proxy.pool import H2_UPGRADE_MODES
 from agent.redirect.model import PROXY_MARK
 
 logger = logging.getLogger(__name__)
@@ -337,7 +338,7 @@ class Worker:
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
         stats_interval: float = DEFAULT_STATS_INTERVAL_S,
-        h2_upgrade: bool = False,
+        h2_upgrade: str = "auto",
     ) -> None:
         self.worker_id = worker_id
         self.h2_upgrade = h2_upgrade  # agent.proxy.h1toh2, agent.proxy.outbound rule 4
@@ -616,7 +617,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S)
     p.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S)
     p.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL_S)
-    p.add_argument("--h2-upgrade", action="store_true")
+    p.add_argument("--h2-upgrade", choices=H2_UPGRADE_MODES, default="auto")
     p.add_argument("--plugin", action="append", default=[])
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)

@@ -16,6 +16,7 @@ from agent import config
 from agent.config import DESTINATION_PORT, IDENTITY_PORT, POLICY_PORT, Option
 from agent.errors import SettingError
 from agent.pods.discover import NETNS_DIR
+from agent.proxy.pool import H2_UPGRADE_MODES
 
 REDIRECT_MODES = ("iptables", "ebpf", "auto")
 EMBEDDED = "embedded"
@@ -71,9 +72,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option(flag="--grace", parse=config.parse_seconds, default="30s", help="drain time on SIGTERM"),
     Option(
         flag="--h2-upgrade",
-        parse=config.choice("on", "off"),
-        default="off",
-        help="send HTTP/1 to endpoints hinted h2 as h2 streams (l5d-orig-proto), as Linkerd does",
+        parse=config.choice(*H2_UPGRADE_MODES),
+        default="auto",
+        help="send HTTP/1 to endpoints hinted h2 as h2 streams (l5d-orig-proto): always (on, as "
+        "Linkerd does), never (off), or when the endpoint's HTTP/1 connections are busy (auto)",
     ),
     Option(
         flag="--identity-dir",
@@ -132,7 +134,7 @@ class RunSettings:
     workers: int = 1
     admin_addr: tuple[str, int] = ("0.0.0.0", config.ADMIN_PORT)
     grace: float = 30.0
-    h2_upgrade: bool = False
+    h2_upgrade: str = "auto"  # one of H2_UPGRADE_MODES (agent.proxy.h1toh2 rule 7)
     identity_dir: Path | None = None
     trust_anchors: Path | None = None
     token_source: str = "mint"  # noqa: S105 - a source name, not a secret
@@ -185,7 +187,7 @@ class RunSettings:
             workers=values["workers"] or os.cpu_count() or 1,
             admin_addr=values["admin_addr"],
             grace=values["grace"],
-            h2_upgrade=values["h2_upgrade"] == "on",
+            h2_upgrade=values["h2_upgrade"],
             identity_dir=identity_dir,
             trust_anchors=Path(trust),
             token_source=values["token_source"],

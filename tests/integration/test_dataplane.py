@@ -346,7 +346,10 @@ async def world(module_lab, pki):
         )
     for node in ("n1", "n2"):
         options = WorkerOptions(
-            stats_interval_s=0.5, grace_s=2.0, log_level="warning", h2_upgrade=node == "n1"
+            stats_interval_s=0.5,
+            grace_s=2.0,
+            log_level="warning",
+            h2_upgrade="on" if node == "n1" else "off",
         )
         pool = WorkerPool(1, options=options, on_need=w.on_need(node))
         w.pools[node] = pool

@@ -29,6 +29,7 @@ from agent.proxy import (
     origproto,
     record,
 )
+from agent.proxy.h1upstream import UpstreamConn
 from agent.proxy.h2toh1 import Downgrade
 from agent.proxy.upstream import ConnPool
 from tests.integration.test_httpproxy import (
@@ -69,18 +70,28 @@ class _Inbound:
 
 
 class _Outbound:
-    """The client's router: every request to the peer, upgraded to h2."""
+    """The client's router: every request to the peer, upgraded to h2 (`h2_plain` 0), or
+    upgraded only when `h2_plain` HTTP/1 connections are busy (`--h2-upgrade auto`)."""
 
     direction = "outbound"
 
-    def __init__(self, peer_port: int) -> None:
+    def __init__(self, peer_port: int, app_port: int, h2_plain: int) -> None:
         async def opener(factory: Any) -> Any:
-            return await asyncio.get_running_loop().create_connection(factory, HOST, peer_port)
+            # The real peer's inbound detects h2 or HTTP/1; here HTTP/1 goes to the app.
+            port = app_port if factory is UpstreamConn else peer_port
+            return await asyncio.get_running_loop().create_connection(factory, HOST, port)
 
         self.labels = {"direction": "outbound", "authority": "web"}
         self.h2 = h2pool.H2Pool()
+        self.pool = ConnPool()  # the worker's HTTP/1 pool, shared by its client connections
+        self.key = ("h1", peer_port)
         target = httpproxy.Target(
-            key=("h1", peer_port), open=opener, labels=self.labels, h2=self.h2, h2_key="peer"
+            key=self.key,
+            open=opener,
+            labels=self.labels,
+            h2=self.h2,
+            h2_key="peer",
+            h2_plain=h2_plain,
         )
         self.plan_ = httpproxy.Plan(choose=lambda _attempt: target, labels=self.labels)
 
@@ -126,7 +137,9 @@ def _accept(loop: asyncio.AbstractEventLoop, world: World, serve: Callable[..., 
 
 
 @contextlib.asynccontextmanager
-async def _world(script: Callable[[bytes], bytes | None]) -> AsyncIterator[World]:
+async def _world(
+    script: Callable[[bytes], bytes | None], h2_plain: int = 0
+) -> AsyncIterator[World]:
     loop = asyncio.get_running_loop()
     up = Upstream(script)
     app = await loop.create_server(lambda: _Server(up), HOST, 0)
@@ -140,7 +153,7 @@ async def _world(script: Callable[[bytes], bytes | None]) -> AsyncIterator[World
     async def serve_out(tr: Any) -> None:
         record.CONN.set(("conn", len(world.conns)))
         assert world.outbound is not None
-        conn = httpproxy.HttpConn(tr, world.outbound, ConnPool())
+        conn = httpproxy.HttpConn(tr, world.outbound, world.outbound.pool)
         world.conns.append(conn)
         task = asyncio.current_task()
         assert task is not None
@@ -149,7 +162,7 @@ async def _world(script: Callable[[bytes], bytes | None]) -> AsyncIterator[World
         await conn.serve()
 
     peer = await loop.create_server(_accept(loop, world, serve_in), HOST, 0)
-    world.outbound = outbound = _Outbound(peer.sockets[0].getsockname()[1])
+    world.outbound = outbound = _Outbound(peer.sockets[0].getsockname()[1], up.port, h2_plain)
     front = await loop.create_server(_accept(loop, world, serve_out), HOST, 0)
     world.port = front.sockets[0].getsockname()[1]
     try:
@@ -160,6 +173,7 @@ async def _world(script: Callable[[bytes], bytes | None]) -> AsyncIterator[World
             t.cancel()
         await asyncio.gather(*world.tasks, return_exceptions=True)
         outbound.h2.close()
+        outbound.pool.close()
         world.inbound.pool.close()
         peer.close()
         app.close()
@@ -294,5 +308,58 @@ def test_finished_upgraded_exchanges_leave_no_cycle_for_the_collector(run: Run, 
             world.serving.clear()
             kinds = (h1toh2.UpExchange, h2toh1.DownExchange, h2stream.H2Stream)
             assert cycles(kinds) == 0
+
+    run(body)
+
+
+def test_auto_upgrades_only_what_finds_its_http1_connections_busy(run: Run) -> None:
+    # `--h2-upgrade auto` (h1toh2 rule 7) with 2 plain connections: requests one at a
+    # time go as HTTP/1 on one pooled connection; a third request while two are held
+    # goes upgraded; once the two are free again, HTTP/1 takes requests back.
+    async def body() -> None:
+        held: list[bytes] = []
+        arrived = asyncio.Event()
+
+        def script(path: bytes) -> bytes:
+            if path.startswith(b"/hold"):
+                held.append(path)
+                arrived.set()
+                return b""  # answered by the test
+            return _ok(path)
+
+        async with _world(script, h2_plain=2) as world:
+            assert world.outbound is not None
+            pool, inbound = world.outbound.pool, world.inbound.pool
+            reader, writer = await asyncio.open_connection(HOST, world.port)
+            for i in range(5):
+                assert (await _get(reader, writer, b"/seq%d" % i))[2] == b"/seq%d" % i
+            assert (pool.opened, pool.reused, world.outbound.h2.opened) == (1, 4, 0)
+            assert world.conns[0].callback_requests == 4  # HTTP/1's own callback path
+            assert world.peers == []  # no h2 connection to the peer at all
+            # two requests held by the app: both HTTP/1 connections busy
+            others = [await asyncio.open_connection(HOST, world.port) for _ in range(2)]
+            for n, (_, w) in enumerate(others):
+                arrived.clear()
+                w.write(b"GET /hold%d HTTP/1.1\r\nHost: web\r\n\r\n" % n)
+                await asyncio.wait_for(arrived.wait(), 5)
+            assert (pool.live(world.outbound.key), pool.idle_count()) == (2, 0)
+            # the next request finds them busy: upgraded, through the peer's inbound
+            assert (await _get(reader, writer, b"/busy"))[2] == b"/busy"
+            assert world.outbound.h2.opened == 1
+            assert len(world.peers) == 1
+            assert inbound.opened == 1
+            for path, c in zip(held, world.up.conns[:2], strict=True):  # the app answers
+                assert c.tr is not None
+                c.tr.write(_ok(path))
+            for (r, w), path in zip(others, held, strict=True):
+                [(status, _, got)] = await _read_responses(r, 1)
+                assert (status, got) == (200, path)
+                w.close()
+            # idle HTTP/1 connections again: plain, the inbound's app pool untouched
+            assert (await _get(reader, writer, b"/calm"))[2] == b"/calm"
+            assert (inbound.opened, inbound.reused) == (1, 0)
+            assert pool.opened == 2
+            writer.close()
+            await writer.wait_closed()
 
     run(body)

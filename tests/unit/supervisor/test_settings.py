@@ -8,6 +8,7 @@ import pytest
 
 from agent import config
 from agent.errors import SettingError
+from agent.proxy import worker
 from agent.proxy.pool import WorkerOptions
 from agent.supervisor.settings import RUN_OPTIONS, RunSettings
 
@@ -22,18 +23,22 @@ def _settings(tmp_path, argv: list[str], env: dict[str, str] | None = None) -> R
     return RunSettings.from_values(config.resolve(args, env or {}, RUN_OPTIONS))
 
 
-def test_h2_upgrade_is_off_unless_asked_and_reaches_the_worker_command(tmp_path):
-    assert not _settings(tmp_path, []).h2_upgrade
-    assert _settings(tmp_path, ["--h2-upgrade", "on"]).h2_upgrade
-    assert _settings(tmp_path, [], {"MESHAGENT_H2_UPGRADE": "on"}).h2_upgrade
-    assert not _settings(
-        tmp_path, ["--h2-upgrade", "off"], {"MESHAGENT_H2_UPGRADE": "on"}
-    ).h2_upgrade
-    assert "--h2-upgrade" in WorkerOptions(h2_upgrade=True).argv(3, 0)
-    assert "--h2-upgrade" not in WorkerOptions().argv(3, 0)
+def test_h2_upgrade_is_auto_unless_asked_and_reaches_the_worker_command(tmp_path):
+    assert _settings(tmp_path, []).h2_upgrade == "auto"
+    assert _settings(tmp_path, ["--h2-upgrade", "on"]).h2_upgrade == "on"
+    assert _settings(tmp_path, [], {"MESHAGENT_H2_UPGRADE": "off"}).h2_upgrade == "off"
+    flag_wins = _settings(tmp_path, ["--h2-upgrade", "off"], {"MESHAGENT_H2_UPGRADE": "on"})
+    assert flag_wins.h2_upgrade == "off"
+    argv = WorkerOptions(h2_upgrade="on").argv(3, 0)
+    assert argv[argv.index("--h2-upgrade") + 1] == "on"
+    argv = WorkerOptions().argv(3, 0)
+    assert argv[argv.index("--h2-upgrade") + 1] == "auto"
+    for mode in ("auto", "on", "off"):  # what the worker's own parser takes
+        argv = WorkerOptions(h2_upgrade=mode).argv(3, 0)
+        assert worker.parse_args(argv[3:]).h2_upgrade == mode
 
 
 def test_a_bad_h2_upgrade_value_names_the_variable(tmp_path):
     with pytest.raises(SettingError, match="MESHAGENT_H2_UPGRADE") as err:
         _settings(tmp_path, [], {"MESHAGENT_H2_UPGRADE": "yes"})
-    assert "on, off" in str(err.value)
+    assert "auto, on, off" in str(err.value)
