@@ -11,13 +11,16 @@ Setups (each a context manager yielding a `Target`; `SETUPS` names them all):
     meshagent-{iptables,ebpf}     `meshagent run` on `a` meshing `cli`, `srv`:
                                   outbound -> same-node inbound, no TLS
     meshagent-{mode}-xnode        `meshagent run` on `a` (cli) and on `b`
-                                  (srv2): outbound -> mTLS -> inbound
+                                  (srv2): outbound -> mTLS -> inbound, with
+                                  the default `--h2-upgrade auto`
     meshagent-ebpf-accel          as meshagent-ebpf, the agent run with
                                   MESHAGENT_EBPF_ACCEL=1 (sockops + sk_msg
                                   between same-node socket pairs)
     meshagent-ebpf-h2-xnode       as meshagent-ebpf-xnode, the agents run with
                                   MESHAGENT_H2_UPGRADE=on (HTTP/1 upgraded to
                                   h2 streams between the proxies)
+    meshagent-ebpf-h1-xnode       ... with MESHAGENT_H2_UPGRADE=off (HTTP/1
+                                  inside mTLS only)
 The meshagent setups (node agents) are here; the topology they all run on
 (`build_topology`, `Target`, pod tuning, the work directory) is in
 `agent.bench.topology`, the direct, HAProxy and floor setups (and `make_certs`)
@@ -113,20 +116,20 @@ def start_node_agent(  # noqa: PLR0913 - keyword-only settings
     name: str,
     workers: int = 2,
     accel: bool = False,
-    h2: bool = False,
+    upgrade: str = "auto",
 ) -> NodeAgent:
     """Start `meshagent run` on lab node `node` meshing the bench pods `roles` (mode:
     iptables|ebpf), with the run's shared control plane; returns once it is ready.
     `accel` runs an eBPF agent with MESHAGENT_EBPF_ACCEL=1; every other eBPF agent
-    runs with it off, whatever the caller's environment says; so does `h2`
-    (MESHAGENT_H2_UPGRADE=on: HTTP/1 upgraded to h2 between the proxies).
+    runs with it off, whatever the caller's environment says; so does `upgrade`
+    (MESHAGENT_H2_UPGRADE: when HTTP/1 goes upgraded to h2 between the proxies).
 
     Raises:
         MeshError: it exited or did not become ready within 60 s.
     """
     level = os.environ.get("MESHAGENT_BENCH_AGENT_LOG", "warning")
     env = {ENV_ACCEL: "1" if accel else "0"} if mode == "ebpf" else {}
-    env[ENV_H2_UPGRADE] = "on" if h2 else "off"
+    env[ENV_H2_UPGRADE] = upgrade
     return topo.mesh.start_agent(
         roles, mode, node=node, name=name, workers=workers, log_level=level, env=env
     )
@@ -159,10 +162,14 @@ def _wait_http(pod: LabPod, host: str, port: int, within: float = 20.0) -> float
     raise BenchError(pod.name, f"no 200 from {host}:{port} within {within}s (last: {last!r})")
 
 
-def _meshagent(mode: str, *, xnode: bool, accel: bool = False, h2: bool = False) -> SetupFn:
+_UPGRADE_FLAVOURS = {"auto": "", "on": "-h2", "off": "-h1"}
+_UPGRADE_SAYS = {"auto": "when busy", "on": "always", "off": "never"}
+
+
+def _meshagent(mode: str, *, xnode: bool, accel: bool = False, upgrade: str = "auto") -> SetupFn:
     @contextlib.contextmanager
     def setup(topo: Topology) -> Iterator[Target]:
-        flavour = f"{mode}-accel" if accel else f"{mode}-h2" if h2 else mode
+        flavour = f"{mode}-accel" if accel else mode + _UPGRADE_FLAVOURS[upgrade]
         name = f"meshagent-{flavour}" + ("-xnode" if xnode else "")
         with contextlib.ExitStack() as stack:
             if xnode:
@@ -174,7 +181,13 @@ def _meshagent(mode: str, *, xnode: bool, accel: bool = False, h2: bool = False)
             agents = []
             for roles, node in plan:
                 agent = start_node_agent(
-                    topo, roles, mode, node=node, name=f"{flavour}-{node}", accel=accel, h2=h2
+                    topo,
+                    roles,
+                    mode,
+                    node=node,
+                    name=f"{flavour}-{node}",
+                    accel=accel,
+                    upgrade=upgrade,
                 )
                 stack.callback(agent.stop)
                 agents.append(agent)
@@ -184,8 +197,9 @@ def _meshagent(mode: str, *, xnode: bool, accel: bool = False, h2: bool = False)
             path = "outbound -> mTLS -> inbound (other node)" if xnode else "outbound -> inbound"
             if accel:
                 path += "; sockops + sk_msg acceleration on (MESHAGENT_EBPF_ACCEL=1)"
-            if h2:
-                path += "; HTTP/1 upgraded to h2 between the proxies (MESHAGENT_H2_UPGRADE=on)"
+            if xnode:
+                says = _UPGRADE_SAYS[upgrade]
+                path += f"; HTTP/1 upgraded to h2 {says} ({ENV_H2_UPGRADE}={upgrade})"
             yield Target(
                 setup=name,
                 client=topo.cli,
@@ -219,5 +233,6 @@ SETUPS: dict[str, SetupFn] = {
     "python-floor-tls": python_floor_tls,
     "meshagent-iptables-xnode": _meshagent("iptables", xnode=True),
     "meshagent-ebpf-xnode": _meshagent("ebpf", xnode=True),
-    "meshagent-ebpf-h2-xnode": _meshagent("ebpf", xnode=True, h2=True),
+    "meshagent-ebpf-h2-xnode": _meshagent("ebpf", xnode=True, upgrade="on"),
+    "meshagent-ebpf-h1-xnode": _meshagent("ebpf", xnode=True, upgrade="off"),
 }
