@@ -32,6 +32,12 @@ Rules:
    become events in a bounded ring (`agent.admin.tapping`; the oldest are
    dropped and counted), flushed as `TapEvents` every `TAP_FLUSH_S`; traffic
    never waits.
+6. No call into the interpreted worker per request: `WorkerState` is plain
+   Python (agent.proxy.worker), so the taps are read from it only when its
+   `generation` moved (`taps_now`), for bound and unbound calls alike; the h2
+   and upgraded paths record unbound, and each of their responses called
+   `WorkerState.get` (found by counting interpreted calls under load:
+   `agent.bench.interp`).
 """
 
 from __future__ import annotations
@@ -87,24 +93,16 @@ class _BoundHttp:
         "_gen",
         "_obs",
         "_series",
-        "_state",
-        "_taps",
-        "_taps_gen",
         "labels",
     )
 
     def __init__(self, obs: Observer, conn: Conn | None, direction: str, labels: Labels) -> None:
         self._obs = obs
-        self._state = obs.worker.state
         self._conn = conn
         self._direction = direction
         self.labels = labels
         self._gen = -1  # resolved at the first exchange: the connection opens then (rule 3)
         self._series: list[HttpSeries] = []
-        # The taps in the worker's state, looked up again only when the state changed
-        # (`generation`): not a call into the state per response.
-        self._taps: Any = None
-        self._taps_gen = -1
 
     def exchange(self, status: int, latency_s: float, failure: bool) -> None:
         obs = self._obs
@@ -117,12 +115,7 @@ class _BoundHttp:
             for series in self._series:
                 series.requests.value += 1
                 series.response(status, latency_ms, success)
-            state = self._state
-            gen = state.generation
-            if gen != self._taps_gen:
-                self._taps = state.get(_TAP_KEY)
-                self._taps_gen = gen
-            taps = self._taps
+            taps = obs.taps_now()
             if taps:
                 obs._tap(  # noqa: SLF001
                     taps,
@@ -176,6 +169,10 @@ class Observer(Tapping):
     def __init__(self, worker: Worker, metrics: WorkerMetrics | None = None) -> None:
         super().__init__(worker, metrics)
         self._failed: set[str] = set()
+        # The taps in the worker's state, looked up again only when the state changed
+        # (`generation`; rule 6).
+        self._taps: Any = None
+        self._taps_gen = -1
 
     # --- Recorder -----------------------------------------------------------------
 
@@ -215,7 +212,7 @@ class Observer(Tapping):
                 if request:
                     series.requests.value += 1
                 series.response(status, latency_ms, success)
-            taps = self.worker.state.get(_TAP_KEY)
+            taps = self.taps_now()
             if taps:
                 self._tap(
                     taps,
@@ -282,6 +279,16 @@ class Observer(Tapping):
             logger.error(
                 "BUG: recording failed, event dropped", extra={"where": where}, exc_info=exc
             )
+
+    def taps_now(self) -> Any:
+        """The `("tap",)` value of the worker's state (None: no tap), read from the state
+        only when its generation moved (rule 6)."""
+        state = self.worker.state
+        gen = state.generation
+        if gen != self._taps_gen:
+            self._taps = state.get(_TAP_KEY)
+            self._taps_gen = gen
+        return self._taps
 
     # --- the connection's caches ------------------------------------------------------
 

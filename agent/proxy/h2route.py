@@ -266,7 +266,9 @@ class InboundStreams:
         self.pod = pod
         self.port = port
         self.facts = facts
-        self.policy_key = (POLICY, pod.key, port)
+        # Objects, not tuple-typed: mypyc would box a new tuple at each read, and the
+        # authorization and pool caches compare keys by identity (agent.native rule 7).
+        self.policy_key: Hashable = (POLICY, pod.key, port)
         self.labels = inbound.labels_for(pod, port, facts.client_identity, tls=facts.tls)
         self.authz_cache = inbound.AuthzCache()
         self.authz_facts: dict[str, Any] = {
@@ -277,7 +279,7 @@ class InboundStreams:
             "labels": self.labels,
         }
         addr = inbound.app_addr(pod, port)
-        self.key = ("h2app", pod.netns, addr)
+        self.key: Hashable = ("h2app", pod.netns, addr)
         self.open = transport_opener(worker, netns=pod.netns, addr=addr)
         self.downgrade = Downgrade(plane_of(worker).pool, (pod.netns, addr), self.open, self.labels)
         # The last stream's routing facts, state generation and decision (see `_Repeat`),

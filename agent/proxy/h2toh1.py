@@ -71,7 +71,7 @@ class Downgrade:
         self, pool: ConnPool, key: Hashable, opener: TransportOpener, labels: Labels
     ) -> None:
         self.pool = pool
-        self.key = ("h1down", key)
+        self.key: Hashable = ("h1down", key)  # an object: the pool finds it by identity
         self.open = opener
         self.labels = labels
         self._last: tuple[ResponseHead, h2msg.H2Headers] | None = None

@@ -320,7 +320,9 @@ class InboundRouter:
         self.client_ip = client_ip
         self.identity = identity
         self.tls = tls
-        self.policy_key = (POLICY, pod.key, port)
+        # An object, not tuple-typed: mypyc would make a new tuple at each read, and
+        # `AuthzCache.last` finds a repeat by identity (agent.native rule 7).
+        self.policy_key: Hashable = (POLICY, pod.key, port)
         self.labels = labels_for(pod, port, identity, tls=tls)
         self.target = app_target(worker, pod, port, identity)
         self.target.labels = self.labels
