@@ -32,6 +32,16 @@ Rules:
    its attribute), each time; a `Final` one it inlines (literals) or keeps in a C
    static. The h2 modules' constants made `Final` took 20% off a worker's CPU per
    h2 stream (bench/RESULTS.md, sixteenth pass).
+7. An attribute whose value is compared by identity (`is`) or kept as a cache key is
+   typed as an object (`Hashable`, `Any`), never as a fixed-length tuple: mypyc stores
+   a `tuple[...]`-typed attribute unboxed and builds a new tuple object at every read,
+   so `x.key is x.key` is False compiled and True interpreted. The inbound's policy key
+   so typed missed its per-connection authorization memo on every request (one
+   `WorkerState.get` a request, found by `meshagent bench --interp`: agent.bench.interp).
+8. What the request path still runs interpreted is counted, not guessed:
+   `meshagent bench --interp` counts every interpreted call of the workers per
+   request; on the compiled path every setup's count is 0 (bench/RESULTS.md,
+   nineteenth pass).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from agent import native
-from agent.bench import loads, profile, report, setups
+from agent.bench import interp, loads, profile, report, setups
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ class Options:
     warmup_s: float = 2.0
     workdir: Path | None = None
     profile_dir: Path | None = None  # `--profile`: workers' cProfile per setup (bench.profile)
+    interp_dir: Path | None = None  # `--interp`: interpreted calls per setup (bench.interp)
     repeat: int = 1  # `--repeat`: rounds of every setup's loads, medians reported (report rule 6)
 
     @classmethod
@@ -86,6 +87,7 @@ class Options:
         loads_: str | None = None,
         duration_s: float | None = None,
         profile_dir: Path | None = None,
+        interp_dir: Path | None = None,
         repeat: int = 1,
     ) -> Options:
         """Options from the CLI's values.
@@ -112,6 +114,7 @@ class Options:
             duration_s=duration_s or (1.0 if quick else 10.0),
             warmup_s=0.3 if quick else 2.0,
             profile_dir=profile_dir,
+            interp_dir=interp_dir,
             repeat=repeat,
         )
 
@@ -254,18 +257,29 @@ def accel_delta(before: dict[str, int] | None, after: dict[str, int] | None) -> 
 def _run_setup(
     topo: Topology, name: str, opts: Options, rows: list[dict[str, Any]], notes: list[str]
 ) -> None:
-    directory = None  # `--profile`: only meshagent setups have workers to profile
-    if opts.profile_dir is not None and name.startswith("meshagent-"):
-        directory = opts.profile_dir / name
-    with profile.profiling(directory):
+    meshed = name.startswith("meshagent-")  # only meshagent setups have workers
+    directory = opts.profile_dir / name if opts.profile_dir is not None and meshed else None
+    counted = opts.interp_dir / name if opts.interp_dir is not None and meshed else None
+    with profile.profiling(directory), interp.counting(counted):
         _measure_setup(topo, name, opts, rows)
-    if directory is not None:  # the agents stopped: their workers wrote their stats
-        # Every round so far: the directory holds the stats of each round's workers.
-        requests = sum(r.get("requests") or 0 for r in rows if r["setup"] == name)
+    # The agents stopped: their workers wrote their files. Every round so far: the
+    # directory holds the files of each round's workers.
+    requests = sum(r.get("requests") or 0 for r in rows if r["setup"] == name)
+    if directory is not None:
         summary = profile.summarize(directory, requests)
-        tag = f"profile of {name}: "
-        notes[:] = [n for n in notes if not n.startswith(tag)]
-        notes.append(tag + str(summary or "no worker stats written"))
+        _note(notes, f"profile of {name}: ", str(summary or "no worker stats written"))
+    if counted is not None:
+        got = interp.summarize(counted, requests)
+        text = "no worker counts written"
+        if got is not None:
+            text = f"{got[1].per_request():.3f} per request ({got[0]})"
+        _note(notes, f"interpreted calls of {name}: ", text)
+
+
+def _note(notes: list[str], tag: str, text: str) -> None:
+    """Replace the note that starts with `tag` (an earlier round's) with `tag + text`."""
+    notes[:] = [n for n in notes if not n.startswith(tag)]
+    notes.append(tag + text)
 
 
 def _measure_setup(topo: Topology, name: str, opts: Options, rows: list[dict[str, Any]]) -> None:

@@ -152,6 +152,12 @@ def register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         action="store_true",
         help="cProfile the node agents' workers; per-setup summaries in DIR/profile/ (slower)",
     )
+    parser.add_argument(
+        "--interp",
+        action="store_true",
+        help="count the interpreted calls of the node agents' workers; per-setup summaries "
+        "in DIR/interp/",
+    )
     output_flag(parser, ("table", "json"))
     parser.set_defaults(handler=_bench)
 
@@ -172,6 +178,7 @@ def _bench(args: argparse.Namespace) -> int:
             loads_=args.loads,
             duration_s=args.duration,
             profile_dir=(out / "profile").resolve() if args.profile else None,
+            interp_dir=(out / "interp").resolve() if args.interp else None,
             repeat=args.repeat,
         )
     except ValueError as exc:

@@ -34,6 +34,13 @@ Rules:
    `GC_YOUNG_THRESHOLD` more live objects (net of those freed), not Python's
    700, which in-flight h2 streams alone reach every few dozen streams: with
    nothing left for it to free, each run was pure cost.
+8. Counting interpreted calls (`meshagent bench --interp`): with
+   `MESHAGENT_INTERP_DIR` set the worker counts every call of a Python
+   function that the interpreter runs (`sys.setprofile` "call" events; the
+   mypyc build's functions make none) and writes the counts there as
+   `worker-<id>-<pid>.tsv` when it exits (`calls<TAB>file:line<TAB>function`).
+   On the compiled request path a count that grows with the requests names an
+   interpreted function still on it (agent.bench.interp).
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ logger = logging.getLogger(__name__)
 GC_YOUNG_THRESHOLD = 10_000  # rule 7
 
 PROFILE_ENV = "MESHAGENT_PROFILE_DIR"  # rule 6 (agent.bench.profile sets it)
+INTERP_ENV = "MESHAGENT_INTERP_DIR"  # rule 8 (agent.bench.interp sets it)
 
 DEFAULT_GRACE_S = 30.0
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
@@ -646,6 +654,9 @@ def main(argv: list[str] | None = None) -> int:
     directory = os.environ.get(PROFILE_ENV)
     if directory:
         return _run_profiled(worker, sock, directory)
+    counted = os.environ.get(INTERP_ENV)
+    if counted:
+        return _run_counted(worker, sock, counted)
     return aio.run(worker.run(sock))
 
 
@@ -662,6 +673,30 @@ def _run_profiled(worker: Worker, sock: socket.socket, directory: str) -> int:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         prof.dump_stats(out / f"worker-{worker.worker_id}-{os.getpid()}.prof")
+
+
+def _run_counted(worker: Worker, sock: socket.socket, directory: str) -> int:
+    """Rule 8: the whole run with interpreted calls counted, written to `directory` at the end."""
+    calls: dict[Any, int] = {}
+
+    def on_event(frame: Any, event: str, _arg: object) -> None:
+        if event == "call":
+            code = frame.f_code
+            calls[code] = calls.get(code, 0) + 1
+
+    sys.setprofile(on_event)
+    try:
+        return aio.run(worker.run(sock))
+    finally:
+        sys.setprofile(None)
+        rows = sorted(calls.items(), key=lambda kv: -kv[1])
+        text = "".join(
+            f"{n}\t{code.co_filename}:{code.co_firstlineno}\t{code.co_qualname}\n"
+            for code, n in rows
+        )
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"worker-{worker.worker_id}-{os.getpid()}.tsv").write_text(text)
 
 
 if __name__ == "__main__":
