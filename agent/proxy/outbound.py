@@ -336,7 +336,7 @@ class OutboundRouter:
             return Refusal(choice.status, str(choice))
         return handle, choice
 
-    def local_policy(self, choice: _Choice) -> tuple[tuple[str, str, int], dict[str, Any]]:
+    def local_policy(self, choice: _Choice) -> tuple[Hashable, dict[str, Any]]:
         """B's policy key and the facts a same-node request is authorized with (kept on `choice`).
 
         The facts are keyword arguments of `inbound.authorize_http`: A's identity as a
@@ -470,7 +470,8 @@ class _Choice:
         self.open = open
         self.rewrite = rewrite
         self.labels = labels
-        self.authz: tuple[tuple[str, str, int], dict[str, Any]] | None = None  # local hops
+        # (B's policy key, facts); the key an object, kept boxed (agent.native rule 7)
+        self.authz: tuple[Hashable, dict[str, Any]] | None = None  # local hops
         # HTTP/1 goes upgraded to h2 (rule 4): an mTLS hop to an endpoint hinted `h2`.
         mode = worker.h2_upgrade
         upgrade = mode != "off" and hop.kind == "mtls" and ep.protocol_hint is ProtocolHint.H2
