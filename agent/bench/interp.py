@@ -24,9 +24,10 @@ Rules:
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from agent.bench import profile
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -64,15 +65,8 @@ def counting(directory: Path | None) -> Iterator[None]:
         yield
         return
     directory.mkdir(parents=True, exist_ok=True)
-    before = os.environ.get(ENV)
-    os.environ[ENV] = str(directory)
-    try:
+    with profile.environment({ENV: str(directory)}):
         yield
-    finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before
 
 
 def parse(lines: Iterable[str], *, source: str = "?") -> dict[tuple[str, str], int]:

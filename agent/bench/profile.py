@@ -43,7 +43,14 @@ def profiling(directory: Path | None) -> Iterator[None]:
         yield
         return
     directory.mkdir(parents=True, exist_ok=True)
-    settings = {ENV: str(directory), NATIVE_ENV: "0"}
+    with environment({ENV: str(directory), NATIVE_ENV: "0"}):
+        yield
+
+
+@contextlib.contextmanager
+def environment(settings: dict[str, str]) -> Iterator[None]:
+    """`settings` in this process's environment (so in the agents it starts) while inside,
+    each variable restored (or removed) after (rule 3; agent.bench.interp rule 3)."""
     before = {k: os.environ.get(k) for k in settings}
     os.environ.update(settings)
     try:
