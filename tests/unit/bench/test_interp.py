@@ -37,7 +37,7 @@ def _counted_worker(directory: Path, worker_id: int, requests: int) -> None:
     fake: Any = SimpleNamespace(worker_id=worker_id, run=run)
     a, b = socket.socketpair()
     try:
-        assert worker_mod._run_counted(fake, a, str(directory)) == 0  # noqa: SLF001
+        assert worker_mod._run_counted(fake, a, str(directory)) == 0
     finally:
         a.close()
         b.close()
