@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import sys
 
@@ -99,3 +100,61 @@ def test_a_current_build_is_not_redone(tmp_path, package):
     build.mkdir()
     (build / native.STAMP).write_text(native.digest(package) + "\n")
     assert native.build(build, package_dir=package) is False
+
+
+def _fixed_tuple(annotation: ast.expr) -> bool:
+    """`tuple[A, B]` (not `tuple[A, ...]`, not a union with it)."""
+    if not (isinstance(annotation, ast.Subscript) and isinstance(annotation.value, ast.Name)):
+        return False
+    if annotation.value.id not in ("tuple", "Tuple"):
+        return False
+    items = annotation.slice.elts if isinstance(annotation.slice, ast.Tuple) else [annotation.slice]
+    return not any(isinstance(e, ast.Constant) and e.value is Ellipsis for e in items)
+
+
+def _declarations(cls: ast.ClassDef) -> dict[str, tuple[ast.expr, int, bool]]:
+    """Each attribute's first declaration: (annotation or value, line, annotated)."""
+    out: dict[str, tuple[ast.expr, int, bool]] = {}
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.setdefault(node.target.id, (node.annotation, node.lineno, True))
+    assigns = [n for n in ast.walk(cls) if isinstance(n, ast.Assign | ast.AnnAssign)]
+    for node in sorted(assigns, key=lambda n: (n.lineno, n.col_offset)):
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+        for t in targets:
+            if (
+                isinstance(t, ast.Attribute)
+                and isinstance(t.value, ast.Name)
+                and t.value.id == "self"
+            ):
+                if isinstance(node, ast.AnnAssign):
+                    out.setdefault(t.attr, (node.annotation, node.lineno, True))
+                else:
+                    out.setdefault(t.attr, (node.value, node.lineno, False))
+    return out
+
+
+def test_no_compiled_class_keeps_a_tuple_typed_attribute():
+    """agent.native rule 7: mypyc stores a fixed-length tuple attribute unboxed and makes a
+    new tuple at every read, so identity memos over it never hit. Regression (nineteenth
+    pass): the inbound's policy key, a tuple literal, missed its authorization memo on
+    every request. An attribute first assigned a tuple literal, or annotated `tuple[...]`
+    of fixed length, is declared as an object (`Hashable`, `Any`) or an optional tuple."""
+    classes: dict[str, tuple[str, ast.ClassDef]] = {}
+    for src in native.sources():
+        for node in ast.walk(ast.parse(src.read_text())):
+            if isinstance(node, ast.ClassDef):
+                classes[node.name] = (src.name, node)
+    found = []
+    for name, (file, cls) in classes.items():
+        declared = _declarations(cls)
+        bases = list(cls.bases)
+        while bases:  # a base class's declaration is the attribute's type
+            base = bases.pop()
+            if isinstance(base, ast.Name) and base.id in classes:
+                declared = {**declared, **_declarations(classes[base.id][1])}
+                bases += classes[base.id][1].bases
+        for attr, (expr, line, annotated) in declared.items():
+            if _fixed_tuple(expr) if annotated else isinstance(expr, ast.Tuple):
+                found.append(f"{file}:{line} {name}.{attr}")
+    assert found == []
