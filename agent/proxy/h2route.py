@@ -266,8 +266,9 @@ class InboundStreams:
         self.pod = pod
         self.port = port
         self.facts = facts
-        # Objects, not tuple-typed: mypyc would box a new tuple at each read, and the
-        # authorization and pool caches compare keys by identity (agent.native rule 7).
+        # Objects, not tuple-typed: mypyc would box a new tuple at each read; the
+        # authorization memo compares the policy key by identity, and the pool key is
+        # then not rebuilt (and its hash not recomputed) per stream (agent.native rule 7).
         self.policy_key: Hashable = (POLICY, pod.key, port)
         self.labels = inbound.labels_for(pod, port, facts.client_identity, tls=facts.tls)
         self.authz_cache = inbound.AuthzCache()

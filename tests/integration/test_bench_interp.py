@@ -56,12 +56,12 @@ def test_no_interpreted_function_runs_per_request(counted, setup: str) -> None:
     assert all("error" not in r for r in rows), rows
     requests = sum(r["requests"] for r in rows)
     assert requests > 0
-    directory = out / "interp" / setup
-    files = sorted(directory.glob("worker-*.tsv"))
-    assert len(files) == 4  # two workers on each node
-    counts = interp.merge(interp.parse(f.read_text().splitlines(), source=str(f)) for f in files)
-    assert counts, "the workers counted nothing"  # start-up always runs interpreted code
-    worst = max(counts.items(), key=lambda kv: kv[1])
+    got = interp.summarize(out / "interp" / setup, requests)
+    assert got is not None, "no worker wrote its counts"
+    summary = got[1]
+    assert summary.workers == 4  # two workers on each node
+    assert summary.calls, "the workers counted nothing"  # start-up always runs interpreted code
+    worst = max(summary.calls.items(), key=lambda kv: kv[1])
     assert worst[1] / requests < PER_REQUEST_MAX, (worst, requests)
     note = f"interpreted calls of {setup}: "
     assert any(n.startswith(note) for n in doc["notes"]), doc["notes"]
