@@ -38,6 +38,7 @@ import psutil
 
 from agent import native
 from agent.bench import interp, loads, profile, report, setups
+from agent.bench.topology import per_node
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
@@ -412,9 +413,10 @@ def _not_yet_notes(opts: Options) -> list[str]:
         return []
     return [
         (
-            "meshagent setups run the real node agent (`meshagent run`, 2 workers per node, "
-            "HTTP-aware proxy, policy, metrics) against a `meshagent controlplane` on "
-            "127.0.0.1; same-node: outbound -> inbound without TLS; -xnode: outbound -> mTLS "
-            "-> inbound on the other node"
+            "meshagent setups run the real node agent (`meshagent run`, HTTP-aware proxy, "
+            "policy, metrics) against a `meshagent controlplane` on 127.0.0.1; same-node: "
+            "outbound -> inbound without TLS; -xnode: outbound -> mTLS -> inbound on the "
+            f"other node; workers per node (and HAProxy threads, floor processes): "
+            f"{per_node(1)} on one node, {per_node(2)} on two (the machine's CPUs per node)"
         ),
     ]

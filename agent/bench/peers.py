@@ -21,6 +21,8 @@ Rules:
    with `haproxy -c` before HAProxy starts.
 3. Certificates are made per run in the work directory (ECDSA P-256, valid a
    day); cryptography is imported only when they are made.
+4. HAProxy's threads and the floor's processes: `topology.per_node` of the
+   nodes their path spans (topology rule 4), as many as a node agent's workers.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from agent.bench.topology import (
     SetupFn,
     Target,
     Topology,
+    per_node,
     wait_port,
 )
 
@@ -53,11 +56,12 @@ PROXY_IPERF_PORT = 15201
 TLS_HTTP_PORT = 18443  # HAProxy mTLS listeners in the server pod
 TLS_IPERF_PORT = 15443
 SERVER_NAME = "srv2.bench.local"
-FLOOR_WORKERS = 2  # as many processes as the node agent has workers
 
 
-def _haproxy(pod: LabPod, routes: list[haproxy.Route], path: Path) -> subprocess.Popen[Any]:
-    path.write_text(haproxy.render(routes))
+def _haproxy(
+    pod: LabPod, routes: list[haproxy.Route], path: Path, *, nodes: int
+) -> subprocess.Popen[Any]:
+    path.write_text(haproxy.render(routes, threads=per_node(nodes)))
     check = subprocess.run(
         ["haproxy", "-c", "-f", str(path)], capture_output=True, text=True, check=False
     )
@@ -168,7 +172,7 @@ def haproxy_one_hop(mode: str) -> SetupFn:
                     target=f"{topo.srv.ip}:{IPERF_PORT}",
                 )
             )
-        proc = _haproxy(topo.cli, routes, topo.workdir / f"haproxy-{mode}.cfg")
+        proc = _haproxy(topo.cli, routes, topo.workdir / f"haproxy-{mode}.cfg", nodes=1)
         try:
             wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
             yield Target(
@@ -187,16 +191,20 @@ def haproxy_one_hop(mode: str) -> SetupFn:
     return setup
 
 
-def _floor(pod: LabPod, listen: str, target: str, tls: list[str]) -> subprocess.Popen[Any]:
+def _floor(
+    pod: LabPod, listen: str, target: str, tls: list[str], *, nodes: int
+) -> subprocess.Popen[Any]:
     argv = [sys.executable, "-m", "agent.bench.floor", listen, target]
-    argv += ["--workers", str(FLOOR_WORKERS), *tls]
+    argv += ["--workers", str(per_node(nodes)), *tls]
     return pod.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 @contextlib.contextmanager
 def python_floor(topo: Topology) -> Iterator[Target]:
     """The minimal Python relay (`agent.bench.floor`) where HAProxy runs: the Python floor."""
-    proc = _floor(topo.cli, f"127.0.0.1:{PROXY_HTTP_PORT}", f"{topo.srv.ip}:{HTTP_PORT}", [])
+    proc = _floor(
+        topo.cli, f"127.0.0.1:{PROXY_HTTP_PORT}", f"{topo.srv.ip}:{HTTP_PORT}", [], nodes=1
+    )
     try:
         wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
         yield Target(
@@ -224,6 +232,7 @@ def python_floor_tls(topo: Topology) -> Iterator[Target]:
         f"0.0.0.0:{TLS_HTTP_PORT}",
         f"127.0.0.1:{HTTP_PORT}",
         ["--cert", server_tls.cert, "--ca", server_tls.ca, "--tls-listen"],
+        nodes=2,
     )
     try:
         client_side = _floor(
@@ -231,6 +240,7 @@ def python_floor_tls(topo: Topology) -> Iterator[Target]:
             f"127.0.0.1:{PROXY_HTTP_PORT}",
             f"{topo.srv2.ip}:{TLS_HTTP_PORT}",
             ["--cert", client_tls.cert, "--ca", client_tls.ca, "--tls-connect", SERVER_NAME],
+            nodes=2,
         )
         try:
             wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT)
@@ -281,9 +291,9 @@ def haproxy_tls(topo: Topology) -> Iterator[Target]:
             ("iperf", IPERF_PORT, TLS_IPERF_PORT),
         )
     ]
-    server_side = _haproxy(topo.srv2, inb, topo.workdir / "haproxy-tls-server.cfg")
+    server_side = _haproxy(topo.srv2, inb, topo.workdir / "haproxy-tls-server.cfg", nodes=2)
     try:
-        client_side = _haproxy(topo.cli, out, topo.workdir / "haproxy-tls-client.cfg")
+        client_side = _haproxy(topo.cli, out, topo.workdir / "haproxy-tls-client.cfg", nodes=2)
         try:
             wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT)
             wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)

@@ -45,7 +45,6 @@ import time
 from typing import TYPE_CHECKING
 
 from agent.bench.peers import (
-    FLOOR_WORKERS,
     PROXY_HTTP_PORT,
     PROXY_IPERF_PORT,
     SERVER_NAME,
@@ -67,6 +66,7 @@ from agent.bench.topology import (
     Topology,
     build_topology,
     new_workdir,
+    per_node,
     remove_workdir,
     wait_port,
 )
@@ -79,7 +79,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENV_ACCEL",
-    "FLOOR_WORKERS",
     "HTTP_PORT",
     "IPERF_PORT",
     "POD_SYSCTLS",
@@ -114,7 +113,7 @@ def start_node_agent(  # noqa: PLR0913 - keyword-only settings
     *,
     node: str,
     name: str,
-    workers: int = 2,
+    workers: int | None = None,
     accel: bool = False,
     upgrade: str = "auto",
 ) -> NodeAgent:
@@ -123,6 +122,8 @@ def start_node_agent(  # noqa: PLR0913 - keyword-only settings
     `accel` runs an eBPF agent with MESHAGENT_EBPF_ACCEL=1; every other eBPF agent
     runs with it off, whatever the caller's environment says; so does `upgrade`
     (MESHAGENT_H2_UPGRADE: when HTTP/1 goes upgraded to h2 between the proxies).
+    `workers`: default `per_node(1)`, a node's share of the machine when the bench
+    runs one node (topology rule 4).
 
     Raises:
         MeshError: it exited or did not become ready within 60 s.
@@ -130,8 +131,9 @@ def start_node_agent(  # noqa: PLR0913 - keyword-only settings
     level = os.environ.get("MESHAGENT_BENCH_AGENT_LOG", "warning")
     env = {ENV_ACCEL: "1" if accel else "0"} if mode == "ebpf" else {}
     env[ENV_H2_UPGRADE] = upgrade
+    count = per_node(1) if workers is None else workers
     return topo.mesh.start_agent(
-        roles, mode, node=node, name=name, workers=workers, log_level=level, env=env
+        roles, mode, node=node, name=name, workers=count, log_level=level, env=env
     )
 
 
@@ -179,6 +181,7 @@ def _meshagent(mode: str, *, xnode: bool, accel: bool = False, upgrade: str = "a
                 plan = [(["cli", "srv"], topo.a.name)]
                 server = topo.srv
             agents = []
+            workers = per_node(len(plan))
             for roles, node in plan:
                 agent = start_node_agent(
                     topo,
@@ -186,6 +189,7 @@ def _meshagent(mode: str, *, xnode: bool, accel: bool = False, upgrade: str = "a
                     mode,
                     node=node,
                     name=f"{flavour}-{node}",
+                    workers=workers,
                     accel=accel,
                     upgrade=upgrade,
                 )
@@ -212,7 +216,7 @@ def _meshagent(mode: str, *, xnode: bool, accel: bool = False, upgrade: str = "a
                 agents=agents,
                 accel_maps=(agents[0].pin_root / "maps" if accel and agents[0].pin_root else None),
                 notes=(
-                    f"meshagent run ({mode}, 2 workers per node): {path}; "
+                    f"meshagent run ({mode}, {workers} workers per node): {path}; "
                     f"first request {first * 1000:.0f} ms"
                 ),
             )

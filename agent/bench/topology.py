@@ -15,11 +15,19 @@ Rules:
 3. `Target.proxy_pids()` lists the processes whose CPU and memory are the
    proxy's (its roots and all their children), read when asked: workers may be
    replaced.
+4. Each simulated node's proxies get that node's share of the machine: every
+   proxy instance on a path over N nodes (HAProxy's threads, the floor's
+   processes, a node agent's workers) runs `per_node(N)` of them, the
+   machine's CPUs divided by N. Two nodes on one machine are two machines'
+   proxies squeezed onto its CPUs: with a full set of workers each, the
+   cross-node path ran twice as many proxy processes as CPUs, and each switch
+   between them cost (bench/RESULTS.md, twentieth pass).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -50,6 +58,11 @@ POD_SYSCTLS = {
     "net/ipv4/ip_local_reserved_ports": f"{config.OUTBOUND_PORT},{config.INBOUND_PORT}",
     "net/core/somaxconn": "4096",
 }
+
+
+def per_node(nodes: int) -> int:
+    """Workers (threads, processes) of each proxy instance on a path over `nodes` nodes (rule 4)."""
+    return max(1, len(os.sched_getaffinity(0)) // nodes)
 
 
 class BenchError(AgentError):

@@ -1,0 +1,28 @@
+"""Each simulated node's share of the machine (agent.bench.topology rule 4)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from agent.bench import topology
+
+
+def test_one_node_gets_every_cpu_and_two_nodes_share_them() -> None:
+    cpus = len(os.sched_getaffinity(0))
+    assert topology.per_node(1) == cpus
+    assert topology.per_node(2) == max(1, cpus // 2)
+    assert topology.per_node(cpus * 4) == 1  # never no worker at all
+
+
+def test_the_share_follows_the_cpus_the_process_may_run_on() -> None:
+    # a real affinity set (taskset's call), not the machine's count: one CPU for one node
+    code = "from agent.bench import topology; print(topology.per_node(1), topology.per_node(2))"
+    done = subprocess.run(
+        ["taskset", "-c", "0", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["1", "1"]
