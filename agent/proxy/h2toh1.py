@@ -71,7 +71,8 @@ class Downgrade:
         self, pool: ConnPool, key: Hashable, opener: TransportOpener, labels: Labels
     ) -> None:
         self.pool = pool
-        self.key: Hashable = ("h1down", key)  # an object: the pool finds it by identity
+        # an object, one per upstream: the pool finds it by identity (upstream rule 6)
+        self.key: Hashable = pool.canonical(("h1down", key))
         self.open = opener
         self.labels = labels
         self._last: tuple[ResponseHead, h2msg.H2Headers] | None = None

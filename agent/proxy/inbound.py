@@ -297,7 +297,8 @@ def app_target(worker: Worker, pod: PodInfo, port: int, identity: str | None) ->
     def rewrite(headers: http1.Headers) -> http1.Headers:
         return h1msg.set_client_id(headers, identity)
 
-    return httpproxy.Target(key=("app", pod.netns, addr), open=opener, rewrite=rewrite)
+    key = plane_of(worker).pool.canonical(("app", pod.netns, addr))  # upstream rule 6
+    return httpproxy.Target(key=key, open=opener, rewrite=rewrite)
 
 
 class InboundRouter:

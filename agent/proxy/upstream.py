@@ -20,6 +20,13 @@ Rules:
    or busy, so that a burst of requests does not open one each: `crowded` says a
    key has no idle connection and `limit` or more busy ones (agent.proxy.h1toh2
    rule 7 upgrades such requests instead of opening more).
+6. One key object per upstream: whoever makes a pool key (a router, per client
+   connection and endpoint) passes it through `ConnPool.canonical`, which hands
+   back the first equal key it saw. `take` and `release` find the last key's
+   list by identity, and consecutive requests on a worker come from different
+   client connections: with a key tuple of their own each, every take and
+   release hashed and compared a nested tuple (6 of 8 `tuplehash` calls per
+   same-node request, counted with uprobes in bench/RESULTS.md's twentieth pass).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from agent.errors import AgentError, PKIError
 from agent.identity import tls as idtls
@@ -48,6 +55,8 @@ logger = logging.getLogger(__name__)
 TLS_HANDSHAKE_TIMEOUT_S: Final = 5.0
 POOL_IDLE_TIMEOUT_S: Final = 60.0
 POOL_MAX_IDLE: Final = 256
+K = TypeVar("K", bound=Hashable)
+KEYS_MAX: Final = 4096  # canonical keys kept (rule 6); cleared whole when full
 
 
 class UpstreamError(AgentError):
@@ -223,8 +232,18 @@ class ConnPool:
         self._last_idle: list[UpstreamConn | Pooled] | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._live: dict[Hashable, int] = {}  # rule 5
+        self._keys: dict[Any, Any] = {}  # rule 6
         self.opened = 0
         self.reused = 0
+
+    def canonical(self, key: K) -> K:
+        """The pool's key object equal to `key` (rule 6): `key` itself the first time."""
+        got = self._keys.get(key)
+        if got is None:
+            if len(self._keys) >= KEYS_MAX:
+                self._keys.clear()  # later equal keys start a new set; lookups stay correct
+            got = self._keys[key] = key
+        return got
 
     def take(self, key: Hashable) -> UpstreamConn | Pooled | None:
         """A live idle connection for `key`, or None."""

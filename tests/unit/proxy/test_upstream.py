@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
@@ -13,8 +14,12 @@ from agent.identity import ca
 from agent.identity.csr import check_csr, make_csr, new_key
 from agent.identity.names import Identity
 from agent.identity.tls import chain_pem, seal
-from agent.proxy.state import TlsMaterial
+from agent.proxy import inbound, upstream
+from agent.proxy.state import PodInfo, TlsMaterial
 from agent.proxy.upstream import ConnPool, TlsContexts, UpstreamError
+
+if TYPE_CHECKING:
+    from agent.proxy.worker import Worker
 
 WEB = Identity(sa="web", ns="shop")
 
@@ -178,6 +183,46 @@ async def test_a_connection_being_opened_counts_and_a_failed_one_does_not():
     a.close()
     b.close()
     assert pool.live("k") == 0
+
+
+def test_equal_keys_become_one_key_object_per_upstream():
+    # rule 6: each client connection's router builds its own key tuple for an upstream;
+    # the pool hands back the first one, so its last-key memo finds it by identity.
+    pool = ConnPool()
+    first = ("app", "/run/netns/b", ("10.0.0.5", int("8080")))
+    again = ("app", "/run/netns/b", ("10.0.0.5", int("8080")))
+    assert first == again
+    assert first is not again
+    assert pool.canonical(first) is first
+    assert pool.canonical(again) is first
+    other = ("app", "/run/netns/b", ("10.0.0.5", 9090))
+    assert pool.canonical(other) is other
+
+
+def test_a_full_key_set_starts_over_and_still_answers_equal_keys():
+    pool = ConnPool()
+    for n in range(upstream.KEYS_MAX):
+        pool.canonical(("k", n))
+    kept = pool.canonical(("k", 0))
+    assert kept == ("k", 0)
+    fresh = pool.canonical(("k", upstream.KEYS_MAX))  # over the limit: the set restarts
+    assert pool.canonical(("k", upstream.KEYS_MAX)) is fresh
+    assert pool.canonical(("k", 0)) == ("k", 0)
+
+
+class _Worker:
+    """Only the key of the worker's plane (agent.proxy.plane.plane_of): nothing is opened."""
+
+
+def test_inbound_targets_of_two_connections_share_their_pool_key():
+    # the inbound's app target is built per client connection (agent.proxy.inbound)
+    worker = _Worker()
+    pod = PodInfo(namespace="shop", name="web-1", ip="10.0.0.5", netns="/run/netns/b", identity="x")
+    one = inbound.app_target(cast("Worker", worker), pod, 8080, "a.b")
+    two = inbound.app_target(cast("Worker", worker), pod, 8080, "c.d")
+    assert one.key is two.key
+    assert one.key == ("app", "/run/netns/b", ("10.0.0.5", 8080))
+    assert inbound.app_target(cast("Worker", worker), pod, 9090, "a.b").key != one.key
 
 
 async def test_pool_closes_connections_beyond_its_idle_limit():
