@@ -187,7 +187,7 @@ class OutboundStreams:
             send = repeat.send
         route = repeat.route
         return http2.Routed(
-            key=("h2", *hop.key, self.lane) if hop.kind == "mtls" else ("h2", *hop.key),
+            key=("h2", hop.key, self.lane) if hop.kind == "mtls" else ("h2", hop.key),
             open=choice.open,
             headers=send,
             handle=handle,

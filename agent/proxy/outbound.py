@@ -84,7 +84,7 @@ class _Hop:
         self,
         *,
         kind: str,
-        key: tuple[Any, ...],
+        key: Hashable,  # the pool's key object (agent.proxy.upstream rule 6)
         netns: str,
         addr: tuple[str, int],
         ssl_ctx: ssl.SSLContext | None = None,
@@ -478,7 +478,7 @@ class _Choice:
         mode = worker.h2_upgrade
         upgrade = mode != "off" and hop.kind == "mtls" and ep.protocol_hint is ProtocolHint.H2
         self.h2: H2Pool | None = h2pool.pool_of(worker) if upgrade else None
-        self.h2_key: Hashable = ("h2", *hop.key) if upgrade else None
+        self.h2_key: Hashable = ("h2", hop.key) if upgrade else None
         self.h2_plain = h1toh2.AUTO_PLAIN if mode == "auto" else 0
 
 

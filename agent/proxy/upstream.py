@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from agent.errors import AgentError, PKIError
 from agent.identity import tls as idtls
@@ -55,7 +55,6 @@ logger = logging.getLogger(__name__)
 TLS_HANDSHAKE_TIMEOUT_S: Final = 5.0
 POOL_IDLE_TIMEOUT_S: Final = 60.0
 POOL_MAX_IDLE: Final = 256
-K = TypeVar("K", bound=Hashable)
 KEYS_MAX: Final = 4096  # canonical keys kept (rule 6); cleared whole when full
 
 
@@ -236,8 +235,13 @@ class ConnPool:
         self.opened = 0
         self.reused = 0
 
-    def canonical(self, key: K) -> K:
-        """The pool's key object equal to `key` (rule 6): `key` itself the first time."""
+    def canonical(self, key: Hashable) -> Hashable:
+        """The pool's key object equal to `key` (rule 6): `key` itself the first time.
+
+        Not generic on purpose: compiled, a call typed as returning the argument's fixed
+        tuple type would be unboxed and built again where it is stored (agent.native
+        rule 7), a new object each time, and the identity would be lost.
+        """
         got = self._keys.get(key)
         if got is None:
             if len(self._keys) >= KEYS_MAX:
