@@ -107,7 +107,8 @@ def hop_for(worker: Worker, src: PodInfo | None, netns: str, ep: Endpoint) -> _H
         UpstreamError: the endpoint needs mTLS and the source has no usable certificate.
     """
     state = worker.state
-    pool = plane_of(worker).pool  # one key object per upstream (agent.proxy.upstream rule 6)
+    plane = plane_of(worker)
+    pool = plane.pool  # one key object per upstream (agent.proxy.upstream rule 6)
     peer_key = state.get((POD_IP, ep.addr[0]))
     peer = state.get((POD, peer_key)) if peer_key is not None else None
     if isinstance(peer, PodInfo) and ep.addr[1] not in peer.skip_inbound_ports:
@@ -125,7 +126,7 @@ def hop_for(worker: Worker, src: PodInfo | None, netns: str, ep: Endpoint) -> _H
     if src is None:
         raise UpstreamError(f"{ep.addr[0]}:{ep.addr[1]}", "source pod has no identity")
     material = state.get((TLS, src.identity))
-    ctx = plane_of(worker).tls.client(material, src.identity, now=time.time())
+    ctx = plane.tls.client(material, src.identity, now=time.time())
     return _Hop(
         kind="mtls",
         key=pool.canonical(("tls", src.key, netns, ep.addr, ep.tls_identity)),

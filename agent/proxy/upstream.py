@@ -35,7 +35,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from agent.errors import AgentError, PKIError
 from agent.identity import tls as idtls
@@ -231,7 +231,7 @@ class ConnPool:
         self._last_idle: list[UpstreamConn | Pooled] | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._live: dict[Hashable, int] = {}  # rule 5
-        self._keys: dict[Any, Any] = {}  # rule 6
+        self._keys: dict[Hashable, Hashable] = {}  # rule 6
         self.opened = 0
         self.reused = 0
 
