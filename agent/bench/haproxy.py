@@ -6,7 +6,9 @@ Rules:
    CA on both sides, TLS 1.3 only), as mTLS between two mesh proxies is.
 2. `mode http` routes keep client and server connections alive and let
    HAProxy detect h2c on the clear listener (it does from 2.0 on); `mode tcp`
-   routes are byte relays.
+   routes are byte relays. `alpn` on a TLS side offers those protocols there:
+   `h2` on a `mode http` route's upstream multiplexes every client's requests
+   as streams on its kept-alive TLS connections (`http-reuse always`).
 3. No logging, no stats socket: the bench measures the data path only.
 """
 
@@ -34,10 +36,13 @@ class Route:
     bind_tls: TlsFiles | None = None  # terminate mTLS on the listener
     target_tls: TlsFiles | None = None  # originate mTLS to the target
     sni: str = ""
+    alpn: str = ""  # "h2", "h2,http/1.1": offered on the TLS side(s); "" offers none
 
     def __post_init__(self) -> None:
         if self.mode not in ("tcp", "http"):
             raise ValueError(f"route {self.name}: mode must be tcp or http, not {self.mode!r}")
+        if self.alpn and (self.bind_tls is None and self.target_tls is None):
+            raise ValueError(f"route {self.name}: alpn needs a TLS side")
 
 
 def _bind_line(route: Route) -> str:
@@ -45,6 +50,8 @@ def _bind_line(route: Route) -> str:
     if route.bind_tls is not None:
         tls = route.bind_tls
         line += f" ssl crt {tls.cert} ca-file {tls.ca} verify required ssl-min-ver TLSv1.3"
+        if route.alpn:
+            line += f" alpn {route.alpn}"
     return line
 
 
@@ -55,6 +62,8 @@ def _server_line(route: Route) -> str:
         line += f" ssl crt {tls.cert} ca-file {tls.ca} verify required ssl-min-ver TLSv1.3"
         if route.sni:
             line += f" sni str({route.sni}) verifyhost {route.sni}"
+        if route.alpn:
+            line += f" alpn {route.alpn}"
     return line
 
 

@@ -4,7 +4,11 @@
     haproxy-tcp, haproxy-http     HAProxy in the client pod's netns (the
                                   position of meshagent's outbound listener)
     haproxy-tls                   HAProxy in `cli` -> mTLS -> HAProxy in `srv2`
-                                  (certificates from `make_certs`)
+                                  (certificates from `make_certs`), mode tcp
+    haproxy-tls-h1, haproxy-tls-h2
+                                  the same two hops in mode http (parsed on
+                                  both, as the mesh's proxies do), HTTP/1.1 or
+                                  h2 between them
     python-floor                  `agent.bench.floor` where HAProxy runs: the
                                   least a Python relay does (HTTP loads only)
     python-floor-tls              the floor where haproxy-tls runs: floor in
@@ -263,52 +267,78 @@ def python_floor_tls(topo: Topology) -> Iterator[Target]:
         _stop(server_side)
 
 
-@contextlib.contextmanager
-def haproxy_tls(topo: Topology) -> Iterator[Target]:
-    server_tls, client_tls = make_certs(topo.workdir)
-    out = [
-        haproxy.Route(
-            name=name,
-            bind=f"127.0.0.1:{port}",
-            target=f"{topo.srv2.ip}:{tls_port}",
-            target_tls=client_tls,
-            sni=SERVER_NAME,
-        )
-        for name, port, tls_port in (
-            ("http", PROXY_HTTP_PORT, TLS_HTTP_PORT),
-            ("iperf", PROXY_IPERF_PORT, TLS_IPERF_PORT),
-        )
-    ]
-    inb = [
-        haproxy.Route(
-            name=name,
-            bind=f"0.0.0.0:{tls_port}",
-            target=f"127.0.0.1:{port}",
-            bind_tls=server_tls,
-        )
-        for name, port, tls_port in (
-            ("http", HTTP_PORT, TLS_HTTP_PORT),
-            ("iperf", IPERF_PORT, TLS_IPERF_PORT),
-        )
-    ]
-    server_side = _haproxy(topo.srv2, inb, topo.workdir / "haproxy-tls-server.cfg", nodes=2)
-    try:
-        client_side = _haproxy(topo.cli, out, topo.workdir / "haproxy-tls-client.cfg", nodes=2)
-        try:
-            wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT)
-            wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
-            yield Target(
-                setup="haproxy-tls",
-                client=topo.cli,
-                host="127.0.0.1",
-                http_port=PROXY_HTTP_PORT,
-                iperf_port=PROXY_IPERF_PORT,
-                hops=2,
-                mtls=True,
-                roots=[client_side.pid, server_side.pid],
-                notes="mode tcp, mutual TLS 1.3 (P-256) between the two HAProxies",
+def haproxy_two_hop(between: str) -> SetupFn:
+    """HAProxy in `cli` -> mutual TLS 1.3 -> HAProxy in `srv2` -> server.
+
+    `between`: `tcp` (haproxy-tls) relays bytes, iperf3 too: what mTLS alone
+    costs. `h1` (haproxy-tls-h1) and `h2` (haproxy-tls-h2) run `mode http` on both
+    hops, parsing every request and response as the mesh's outbound and inbound
+    do, with HTTP/1.1 or h2 (ALPN) on the kept-alive TLS connections between
+    them: the L7 peers of the `-h1-xnode` setups and of the ones that upgrade to
+    h2 between the proxies (auto, on).
+    """
+    name = "haproxy-tls" if between == "tcp" else f"haproxy-tls-{between}"
+    mode = "tcp" if between == "tcp" else "http"
+    alpn = "h2" if between == "h2" else ""
+    # (route, the app's port in srv2, the client-side listener, the TLS listener)
+    ports = [("http", HTTP_PORT, PROXY_HTTP_PORT, TLS_HTTP_PORT)]
+    if mode == "tcp":
+        ports.append(("iperf", IPERF_PORT, PROXY_IPERF_PORT, TLS_IPERF_PORT))
+
+    @contextlib.contextmanager
+    def setup(topo: Topology) -> Iterator[Target]:
+        server_tls, client_tls = make_certs(topo.workdir)
+        out = [
+            haproxy.Route(
+                name=route,
+                bind=f"127.0.0.1:{port}",
+                target=f"{topo.srv2.ip}:{tls_port}",
+                mode=mode,
+                target_tls=client_tls,
+                sni=SERVER_NAME,
+                alpn=alpn,
             )
+            for route, _, port, tls_port in ports
+        ]
+        inb = [
+            haproxy.Route(
+                name=route,
+                bind=f"0.0.0.0:{tls_port}",
+                target=f"127.0.0.1:{app_port}",
+                mode=mode,
+                bind_tls=server_tls,
+                alpn=alpn,
+            )
+            for route, app_port, _, tls_port in ports
+        ]
+        server_side = _haproxy(topo.srv2, inb, topo.workdir / f"{name}-server.cfg", nodes=2)
+        try:
+            client_side = _haproxy(topo.cli, out, topo.workdir / f"{name}-client.cfg", nodes=2)
+            try:
+                wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT)
+                wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+                yield Target(
+                    setup=name,
+                    client=topo.cli,
+                    host="127.0.0.1",
+                    http_port=PROXY_HTTP_PORT,
+                    iperf_port=PROXY_IPERF_PORT if mode == "tcp" else 0,
+                    hops=2,
+                    mtls=True,
+                    roots=[client_side.pid, server_side.pid],
+                    notes=(
+                        f"mode {mode}, mutual TLS 1.3 (P-256) between the two HAProxies"
+                        + (f", {between} on it" if mode == "http" else "")
+                    ),
+                )
+            finally:
+                _stop(client_side)
         finally:
-            _stop(client_side)
-    finally:
-        _stop(server_side)
+            _stop(server_side)
+
+    return setup
+
+
+haproxy_tls = haproxy_two_hop("tcp")
+haproxy_tls_h1 = haproxy_two_hop("h1")
+haproxy_tls_h2 = haproxy_two_hop("h2")

@@ -5,8 +5,8 @@ note says so).
 
 Rules:
 1. `added_p99_ms` of a row is its p99 minus the p99 of its baseline under the
-   same load: `direct-xnode` for cross-node setups, `haproxy-tls` and
-   `python-floor-tls`, `direct` for the rest; None when either is missing.
+   same load: `direct-xnode` for cross-node setups (`-xnode`, `haproxy-tls*`,
+   `python-floor-tls`), `direct` for the rest; None when either is missing.
 2. A ratio is meshagent's number over the peer's, named
    `<metric>:<meshagent setup>/<peer setup>[@load]`; it is left out when
    either side is missing or the peer's is zero, and for added latency when
@@ -28,6 +28,13 @@ Rules:
    how much of the distance to HAProxy is Python's and how much the mesh's.
    Cross node the same with `python-floor-tls` (the floor on both hops, mTLS
    between them), `haproxy-tls` and the `-xnode` setups.
+8. Cross node has two HAProxy peers per meshagent setup: `haproxy-tls` (mode
+   tcp: the goal's yardstick, what mTLS alone costs) and its L7 peer
+   (`l7_peer_of`: mode http on both hops, as the mesh's outbound and inbound
+   parse, with what the setup sends between the proxies: `haproxy-tls-h1` for
+   `-h1-xnode`, `haproxy-tls-h2` for the setups that upgrade to h2). Every
+   `_RATIOS` entry of an `-xnode` setup is computed against both, and the
+   floor over each L7 peer (rule 5).
 6. Repeated rounds (`--repeat N`): `combine` makes one row per setup and load,
    each measured number the median over the rounds that did not fail
    (`rounds`, and `rps_rounds` for the spread); requests and errors are
@@ -57,6 +64,8 @@ ACCEL_LATENCY_GOAL = 0.85  # ">= 15% below the plain path"
 ACCEL_BULK_FLOOR = 0.5  # "no bulk transfer failing": completes, at least half the plain rate
 FLOOR_SETUP = "python-floor"
 FLOOR_TLS_SETUP = "python-floor-tls"
+CROSS_PEER = "haproxy-tls"
+L7_PEERS = ("haproxy-tls-h1", "haproxy-tls-h2")  # rule 8
 _FLOOR_METRICS = [  # (metric name, row key, load), rule 5
     ("http1_saturate_rps", "rps", "http1-saturate"),
     ("cpu_s_per_request", "cpu_s_per_req", "http1-saturate"),
@@ -79,8 +88,13 @@ COLUMNS = [
 
 
 def baseline_of(setup: str) -> str:
-    cross = setup.endswith("-xnode") or setup in ("haproxy-tls", FLOOR_TLS_SETUP)
+    cross = setup.endswith("-xnode") or setup in (CROSS_PEER, *L7_PEERS, FLOOR_TLS_SETUP)
     return "direct-xnode" if cross else "direct"
+
+
+def l7_peer_of(setup: str) -> str:
+    """The HAProxy that does the L7 work of cross-node `setup` (rule 8)."""
+    return L7_PEERS[0] if setup.endswith("-h1-xnode") else L7_PEERS[1]
 
 
 def add_latency_over_baseline(rows: Sequence[Row]) -> None:
@@ -108,16 +122,16 @@ def _ratio(mine: float | None, peer: float | None) -> float | None:
 
 # (metric name, row key, load, same-node peer, cross-node peer)
 _RATIOS: list[tuple[str, str, str, str, str]] = [
-    ("http1_saturate_rps", "rps", "http1-saturate", "haproxy-http", "haproxy-tls"),
-    ("h2_saturate_rps", "rps", "h2-saturate", "haproxy-http", "haproxy-tls"),
-    ("added_p99", "added_p99_ms", "http1-rate-1000", "haproxy-http", "haproxy-tls"),
-    ("added_p99", "added_p99_ms", "http1-rate-2000", "haproxy-http", "haproxy-tls"),
-    ("tcp_gbps", "gbps", "tcp-throughput", "haproxy-tcp", "haproxy-tls"),
-    ("added_p99", "added_p99_ms", "http1-rr", "haproxy-http", "haproxy-tls"),
-    ("conn_rate", "rps", "conn-rate", "haproxy-http", "haproxy-tls"),
-    ("cpu_s_per_request", "cpu_s_per_req", "http1-rate-1000", "haproxy-http", "haproxy-tls"),
-    ("cpu_s_per_request", "cpu_s_per_req", "http1-saturate", "haproxy-http", "haproxy-tls"),
-    ("cpu_s_per_gb", "cpu_s_per_gb", "tcp-throughput", "haproxy-tcp", "haproxy-tls"),
+    ("http1_saturate_rps", "rps", "http1-saturate", "haproxy-http", CROSS_PEER),
+    ("h2_saturate_rps", "rps", "h2-saturate", "haproxy-http", CROSS_PEER),
+    ("added_p99", "added_p99_ms", "http1-rate-1000", "haproxy-http", CROSS_PEER),
+    ("added_p99", "added_p99_ms", "http1-rate-2000", "haproxy-http", CROSS_PEER),
+    ("tcp_gbps", "gbps", "tcp-throughput", "haproxy-tcp", CROSS_PEER),
+    ("added_p99", "added_p99_ms", "http1-rr", "haproxy-http", CROSS_PEER),
+    ("conn_rate", "rps", "conn-rate", "haproxy-http", CROSS_PEER),
+    ("cpu_s_per_request", "cpu_s_per_req", "http1-rate-1000", "haproxy-http", CROSS_PEER),
+    ("cpu_s_per_request", "cpu_s_per_req", "http1-saturate", "haproxy-http", CROSS_PEER),
+    ("cpu_s_per_gb", "cpu_s_per_gb", "tcp-throughput", "haproxy-tcp", CROSS_PEER),
 ]
 
 
@@ -128,18 +142,20 @@ def ratios(rows: Sequence[Row]) -> dict[str, float]:
     for setup in meshed:
         xnode = setup.endswith("-xnode")
         for metric, key, load, peer_same, peer_x in _RATIOS:
-            peer = peer_x if xnode else peer_same
-            theirs = _get(rows, peer, load, key)
-            if key == "added_p99_ms" and theirs is not None and theirs <= 0:
-                continue
-            value = _ratio(_get(rows, setup, load, key), theirs)
-            if value is not None:
-                out[f"{metric}:{setup}/{peer}@{load}"] = value
+            for peer in (peer_x, l7_peer_of(setup)) if xnode else (peer_same,):
+                theirs = _get(rows, peer, load, key)
+                if key == "added_p99_ms" and theirs is not None and theirs <= 0:
+                    continue
+                value = _ratio(_get(rows, setup, load, key), theirs)
+                if value is not None:
+                    out[f"{metric}:{setup}/{peer}@{load}"] = value
     out.update(_accel_ratios(rows))
     same_node = [m for m in meshed if not m.endswith("-xnode")]
     out.update(_floor_ratios(rows, FLOOR_SETUP, "haproxy-http", same_node))
     cross_node = [m for m in meshed if m.endswith("-xnode")]
-    out.update(_floor_ratios(rows, FLOOR_TLS_SETUP, "haproxy-tls", cross_node))
+    out.update(_floor_ratios(rows, FLOOR_TLS_SETUP, CROSS_PEER, cross_node))
+    for peer in L7_PEERS:
+        out.update(_floor_ratios(rows, FLOOR_TLS_SETUP, peer, []))
     return out
 
 

@@ -5,6 +5,11 @@ Setups (each a context manager yielding a `Target`; `SETUPS` names them all):
     haproxy-tcp, haproxy-http     HAProxy in the client pod's netns (the
                                   position of meshagent's outbound listener)
     haproxy-tls                   HAProxy in `cli` -> mTLS -> HAProxy in `srv2`
+                                  (mode tcp)
+    haproxy-tls-h1, haproxy-tls-h2
+                                  the same in mode http (parsed on both hops),
+                                  HTTP/1.1 or h2 between: the L7 peers of the
+                                  -xnode setups
     python-floor                  `agent.bench.floor` where HAProxy runs: the
                                   least a Python relay does (HTTP loads only)
     python-floor-tls              the floor on haproxy-tls's two hops (mTLS)
@@ -52,6 +57,8 @@ from agent.bench.peers import (
     direct_xnode,
     haproxy_one_hop,
     haproxy_tls,
+    haproxy_tls_h1,
+    haproxy_tls_h2,
     make_certs,
     python_floor,
     python_floor_tls,
@@ -94,6 +101,8 @@ __all__ = [
     "direct",
     "direct_xnode",
     "haproxy_tls",
+    "haproxy_tls_h1",
+    "haproxy_tls_h2",
     "make_certs",
     "new_workdir",
     "python_floor",
@@ -234,6 +243,8 @@ SETUPS: dict[str, SetupFn] = {
     "meshagent-ebpf-accel": _meshagent("ebpf", xnode=False, accel=True),
     "direct-xnode": direct_xnode,
     "haproxy-tls": haproxy_tls,
+    "haproxy-tls-h1": haproxy_tls_h1,
+    "haproxy-tls-h2": haproxy_tls_h2,
     "python-floor-tls": python_floor_tls,
     "meshagent-iptables-xnode": _meshagent("iptables", xnode=True),
     "meshagent-ebpf-xnode": _meshagent("ebpf", xnode=True),

@@ -98,10 +98,10 @@ def test_profile_summarizes_each_meshagent_setups_workers(doc):
     assert not (out / "haproxy-http").exists()  # only meshagent setups have workers
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(150)
 def test_the_tls_floor_runs_on_haproxy_tls_two_hops_and_is_compared_with_it(tmp_path):
-    setups = "direct-xnode,haproxy-tls,python-floor-tls"
-    doc = _bench(tmp_path, setups, "http1-rate-1000,http1-saturate", timeout=110)
+    setups = "direct-xnode,haproxy-tls,haproxy-tls-h1,haproxy-tls-h2,python-floor-tls"
+    doc = _bench(tmp_path, setups, "http1-rate-1000,http1-saturate", timeout=140)
     rows = {(r["setup"], r["load"]): r for r in doc["results"]}
     floor = rows["python-floor-tls", "http1-saturate"]
     assert "error" not in floor, floor
@@ -110,3 +110,10 @@ def test_the_tls_floor_runs_on_haproxy_tls_two_hops_and_is_compared_with_it(tmp_
     assert floor["cpu_s"] > 0  # both floors' processes were counted
     assert rows["python-floor-tls", "http1-rate-1000"]["added_p99_ms"] is not None
     assert doc["ratios"]["http1_saturate_rps:python-floor-tls/haproxy-tls@http1-saturate"] > 0
+    for l7 in ("haproxy-tls-h1", "haproxy-tls-h2"):  # HAProxy in mode http on both hops
+        row = rows[l7, "http1-saturate"]
+        assert "error" not in row, row
+        assert row["rps"] > 0
+        assert row["cpu_s"] > 0
+        assert rows[l7, "http1-rate-1000"]["added_p99_ms"] is not None
+        assert doc["ratios"][f"http1_saturate_rps:python-floor-tls/{l7}@http1-saturate"] > 0

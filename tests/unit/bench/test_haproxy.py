@@ -26,6 +26,27 @@ def test_tls_routes_are_mutual_and_tls13_on_both_sides():
     assert "bind 0.0.0.0:18443 ssl crt /c.pem ca-file /ca.crt verify required" in cfg
 
 
+def test_http_mode_over_tls_keeps_its_connections_and_offers_alpn_on_the_tls_sides():
+    tls = TlsFiles(cert="/c.pem", ca="/ca.crt")
+    out = Route(
+        name="o",
+        bind="127.0.0.1:1",
+        target="10.0.0.3:18443",
+        mode="http",
+        target_tls=tls,
+        sni="s.x",
+        alpn="h2",
+    )
+    inb = Route(name="i", bind="0.0.0.0:18443", target="127.0.0.1:8080", bind_tls=tls, alpn="h2")
+    cfg = render([out, inb])
+    assert "listen o\n    mode http\n    bind 127.0.0.1:1\n    http-reuse always\n" in cfg
+    assert "server s1 10.0.0.3:18443 ssl crt /c.pem" in cfg
+    assert "verifyhost s.x alpn h2\n" in cfg
+    assert "ssl-min-ver TLSv1.3 alpn h2\n    server s1 127.0.0.1:8080\n" in cfg  # clear upstream
+    with pytest.raises(ValueError, match="alpn needs a TLS side"):
+        Route(name="x", bind="a:1", target="b:2", mode="http", alpn="h2")
+
+
 def test_bad_mode_and_duplicate_names_are_refused():
     with pytest.raises(ValueError, match="mode"):
         Route(name="x", bind="a:1", target="b:2", mode="udp")

@@ -40,6 +40,37 @@ def test_ratios_pair_same_node_with_haproxy_http_and_cross_node_with_haproxy_tls
     assert not any("haproxy-tcp" in k for k in r)  # never measured: left out
 
 
+def test_cross_node_setups_are_also_set_against_haproxy_doing_their_l7_work():
+    sat, rate = "http1-saturate", "http1-rate-1000"
+    rows = [
+        {"setup": "direct-xnode", "load": rate, "p99_ms": 0.6},
+        {"setup": "haproxy-tls", "load": sat, "rps": 40000.0, "cpu_s_per_req": 2e-5},
+        {"setup": "haproxy-tls-h1", "load": sat, "rps": 32000.0, "cpu_s_per_req": 3e-5},
+        {"setup": "haproxy-tls-h1", "load": rate, "p99_ms": 1.1},
+        {"setup": "haproxy-tls-h2", "load": sat, "rps": 56000.0, "cpu_s_per_req": 1.5e-5},
+        {"setup": "python-floor-tls", "load": sat, "rps": 24000.0, "cpu_s_per_req": 4e-5},
+        {"setup": "meshagent-ebpf-h1-xnode", "load": sat, "rps": 28000.0, "cpu_s_per_req": 3.6e-5},
+        {"setup": "meshagent-ebpf-h1-xnode", "load": rate, "p99_ms": 1.6},
+        {"setup": "meshagent-ebpf-xnode", "load": sat, "rps": 28000.0, "cpu_s_per_req": 3e-5},
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 50000.0},
+    ]
+    doc = report.document({}, rows, [])
+    added = {(r["setup"], r["load"]): r["added_p99_ms"] for r in doc["results"]}
+    assert added["haproxy-tls-h1", rate] == 0.5  # over direct-xnode, not direct
+    r = doc["ratios"]
+    h1, auto = "meshagent-ebpf-h1-xnode", "meshagent-ebpf-xnode"
+    assert r[f"http1_saturate_rps:{h1}/haproxy-tls@{sat}"] == 0.7
+    assert r[f"http1_saturate_rps:{h1}/haproxy-tls-h1@{sat}"] == 0.875
+    assert r[f"cpu_s_per_request:{h1}/haproxy-tls-h1@{sat}"] == 1.2
+    assert r[f"added_p99:{h1}/haproxy-tls-h1@{rate}"] == 2.0
+    assert r[f"http1_saturate_rps:{auto}/haproxy-tls-h2@{sat}"] == 0.5  # h2 between: h2 peer
+    assert r[f"cpu_s_per_request:{auto}/haproxy-tls-h2@{sat}"] == 2.0
+    assert not any(f"{h1}/haproxy-tls-h2" in k or f"{auto}/haproxy-tls-h1" in k for k in r)
+    assert r[f"http1_saturate_rps:python-floor-tls/haproxy-tls-h1@{sat}"] == 0.75
+    assert r[f"http1_saturate_rps:python-floor-tls/haproxy-tls-h2@{sat}"] == 0.429
+    assert not any(":meshagent-ebpf/haproxy-tls" in k for k in r)  # same node: haproxy-http
+
+
 def test_ratio_with_a_zero_peer_is_left_out():
     rows = [
         {"setup": "haproxy-http", "load": "http1-saturate", "rps": 0.0},
