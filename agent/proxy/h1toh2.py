@@ -23,7 +23,7 @@ Rules:
 4. Per connection the h2 headers of the last request head are remembered by the
    head's identity (parsed heads are shared objects, agent.proxy.http1), as
    `HttpConn._head_bytes` does for HTTP/1.
-5. A worker keeps `h2pool.LANES` h2 connections per endpoint, each client
+5. A worker keeps `Worker.h2_lanes` h2 connections per endpoint, each client
    connection sending on one of them (agent.proxy.h2pool rule 2).
 6. In callbacks (`start_now`, httpproxy rule 7): a bodiless request whose lane has an
    established h2 connection is opened on it from the client's `data_received`, and
@@ -58,6 +58,7 @@ from agent.proxy.upstream import UpstreamError
 if TYPE_CHECKING:
     from agent.proxy.h1plan import Plan, Target
     from agent.proxy.h2msg import H2Headers
+    from agent.proxy.h2pool import H2Pool
     from agent.proxy.httpproxy import HttpConn
 
 
@@ -97,6 +98,14 @@ class Memo:
         return headers
 
 
+def lane_of(conn: HttpConn, pool: H2Pool) -> int:
+    """The client connection's lane (rule 5), picked at its first upgraded request."""
+    lane = conn.h2_lane
+    if lane < 0:
+        lane = conn.h2_lane = pool.next_lane()
+    return lane
+
+
 async def send(
     conn: HttpConn, target: Target, head: RequestHead, replay: bytes | None
 ) -> Upgraded | None:
@@ -113,7 +122,7 @@ async def send(
         return None
     bodiless = head.framing is Framing.NONE
     conn.body_done = replay is not None
-    key = (target.h2_key, conn.h2_lane)
+    key = (target.h2_key, lane_of(conn, pool))
     stream = await pool.stream(key, target.open, headers, end=bodiless or replay == b"")
     try:
         if replay:
@@ -229,7 +238,7 @@ def start_now(conn: HttpConn, head: RequestHead, plan: Plan, target: Target, t0:
     headers = conn.h2_memo.headers_for(head, target)
     if headers is None:
         return False
-    stream = pool.stream_now((target.h2_key, conn.h2_lane), headers, end=True)
+    stream = pool.stream_now((target.h2_key, lane_of(conn, pool)), headers, end=True)
     if stream is None:
         return False
     fast = UpExchange(conn, stream, head, plan, target, t0)

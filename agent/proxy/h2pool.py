@@ -5,13 +5,18 @@ Rules:
    it; another is opened only when the peer's concurrent-stream limit is reached or
    the connection is going away. `pool_of(worker)` is the worker's pool.
 2. Towards a meshed pod's inbound on another node (the mTLS hop), the key also
-   holds a lane: a worker keeps up to `LANES` connections per endpoint, and
-   each client connection sends all its requests or streams on one lane (`next_lane`,
-   round robin). The peer's kernel gives each connection to one of its workers
-   (SO_REUSEPORT hashes the addresses) and that worker serves every stream on it:
-   with one connection per worker, a two-worker node's connections often landed on
-   one peer worker, which then served the whole run while the other idled
-   (bench/RESULTS.md, fourteenth and fifteenth passes).
+   holds a lane: a worker keeps up to `Worker.h2_lanes` connections per endpoint,
+   and each client connection sends all its requests or streams on one lane
+   (`next_lane`, round robin). The peer's kernel gives each connection to one of its
+   workers (SO_REUSEPORT hashes the addresses) and that worker serves every stream
+   on it: with one connection per worker, a two-worker node's connections often
+   landed on one peer worker, which then served the whole run while the other idled
+   (bench/RESULTS.md, fourteenth and fifteenth passes). So a node with several
+   workers keeps `agent.proxy.pool.H2_LANES` (4) lanes per worker. A node with one
+   worker keeps one (`pool.h2_lanes_for`): its one worker's load needs one peer
+   worker's, and every further lane splits the frames one loop batch brings into
+   more TLS records, writes and peer wake-ups (1 lane against 4: 40% more requests/s
+   per CPU, bench/RESULTS.md, twenty-first pass).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from agent.proxy.h2conn import H2Conn
 from agent.proxy.h2stream import H2Stream, StreamGoneError
+from agent.proxy.pool import H2_LANES
 from agent.proxy.upstream import UpstreamError
 
 if TYPE_CHECKING:
@@ -36,14 +42,13 @@ logger = logging.getLogger(__name__)
 
 Opener = Callable[[Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, Any]]]
 
-LANES: Final = 4  # connections per endpoint per worker towards a meshed inbound (rule 2)
 _lane = 0
 
 
-def next_lane() -> int:
-    """The lane of a new client connection (rule 2)."""
+def next_lane(lanes: int) -> int:
+    """The lane of a new client connection, of `lanes` (the worker's `h2_lanes`, rule 2)."""
     global _lane  # noqa: PLW0603 - one counter per worker process
-    _lane = (_lane + 1) % LANES
+    _lane = (_lane + 1) % lanes
     return _lane
 
 
@@ -53,10 +58,15 @@ def next_lane() -> int:
 class H2Pool:
     """One multiplexed upstream h2 connection per key (rule 6), for one worker's loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, lanes: int = H2_LANES) -> None:
+        self.lanes = lanes  # lanes per meshed endpoint (rule 2): the worker's `h2_lanes`
         self._conns: dict[Hashable, list[H2Conn]] = {}
         self._opening: dict[Hashable, asyncio.Future[H2Conn]] = {}
         self.opened = 0
+
+    def next_lane(self) -> int:
+        """The lane of a new client connection, of this pool's `lanes` (rule 2)."""
+        return next_lane(self.lanes)
 
     async def stream(
         self, key: Hashable, opener: Opener, headers: H2Headers, *, end: bool
@@ -147,5 +157,5 @@ def pool_of(worker: Any) -> H2Pool:
     """The h2 upstream pool of a worker (made on first use)."""
     pool = _POOLS.get(worker)
     if pool is None:
-        pool = _POOLS[worker] = H2Pool()
+        pool = _POOLS[worker] = H2Pool(worker.h2_lanes)
     return pool

@@ -59,7 +59,7 @@ import contextvars
 import logging
 from typing import Final, cast
 
-from agent.proxy import h1msg, h1toh2, h2pool, writes
+from agent.proxy import h1msg, h1toh2, writes
 from agent.proxy.h1client import ClientGoneError as _ClientGoneError
 from agent.proxy.h1client import ClientSide
 from agent.proxy.h1fast import (
@@ -128,7 +128,7 @@ class HttpConn:
         self._sent_for: tuple[RequestHead, object, bytes] | None = None  # (head, rewrite, sent)
         self._answer_for: tuple[RequestHead, ResponseHead, HeadOut] | None = None
         self.h2_memo = h1toh2.Memo()  # upgraded requests' h2 headers (agent.proxy.h1toh2)
-        self.h2_lane = h2pool.next_lane()  # and the h2 connection they go on (its rule 2)
+        self.h2_lane = -1  # and the h2 connection they go on: h1toh2.lane_of picks it
         self._drain: asyncio.Future[None] | None = None  # `client_drained` waits on it
 
     def attach(self, prefix: bytes = b"", *, eof: bool = False) -> None:

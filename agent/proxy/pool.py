@@ -41,6 +41,14 @@ from agent.proxy import channel as ch
 from agent.redirect.model import PROXY_MARK
 
 H2_UPGRADE_MODES = ("auto", "on", "off")  # `--h2-upgrade` (agent.proxy.h1toh2 rule 7)
+H2_LANES = 4  # h2 connections per meshed endpoint per worker, with several workers (h2pool rule 2)
+
+
+def h2_lanes_for(workers: int) -> int:
+    """Lanes per endpoint for each of a node's `workers` (agent.proxy.h2pool rule 2): one
+    when the node runs a single worker, `H2_LANES` otherwise."""
+    return 1 if workers <= 1 else H2_LANES
+
 
 if TYPE_CHECKING:
     import socket
@@ -63,6 +71,7 @@ class WorkerOptions:
     connect_timeout_s: float = 5.0
     stats_interval_s: float = 5.0
     h2_upgrade: str = "auto"  # one of H2_UPGRADE_MODES
+    h2_lanes: int = H2_LANES  # `h2_lanes_for` the pool's worker count (the supervisor sets it)
     plugins: tuple[str, ...] = ("agent.proxy.dataplane",)  # the mesh data path
     log_level: str = "info"
     python: str = sys.executable
@@ -82,7 +91,7 @@ class WorkerOptions:
             f"--stats-interval={self.stats_interval_s}",
             f"--log-level={self.log_level}",
         ]
-        argv += ["--h2-upgrade", self.h2_upgrade]
+        argv += ["--h2-upgrade", self.h2_upgrade, f"--h2-lanes={self.h2_lanes}"]
         argv.extend(f"--plugin={p}" for p in self.plugins)
         return argv
 

@@ -62,11 +62,12 @@ from pathlib import Path
 from typing import Any
 
 from agent import aio, logs, native
+from agent.config import parse_positive_int
 from agent.errors import AgentError
 from agent.proxy import channel as ch
 from agent.proxy import record, tcp
 from agent.proxy.listener import LISTEN_BACKLOG, ListenerKind, UpstreamSockets
-from agent.proxy.pool import H2_UPGRADE_MODES
+from agent.proxy.pool import H2_LANES, H2_UPGRADE_MODES
 from agent.redirect.model import PROXY_MARK
 
 logger = logging.getLogger(__name__)
@@ -347,9 +348,11 @@ class Worker:
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
         stats_interval: float = DEFAULT_STATS_INTERVAL_S,
         h2_upgrade: str = "auto",
+        h2_lanes: int = H2_LANES,
     ) -> None:
         self.worker_id = worker_id
         self.h2_upgrade = h2_upgrade  # agent.proxy.h1toh2, agent.proxy.outbound rule 4
+        self.h2_lanes = h2_lanes  # h2 connections per meshed endpoint (agent.proxy.h2pool rule 2)
         self.grace_s = grace_s
         self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
@@ -626,6 +629,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S)
     p.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL_S)
     p.add_argument("--h2-upgrade", choices=H2_UPGRADE_MODES, default="auto")
+    p.add_argument("--h2-lanes", type=parse_positive_int, default=H2_LANES)
     p.add_argument("--plugin", action="append", default=[])
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
@@ -650,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         connect_timeout=args.connect_timeout,
         stats_interval=args.stats_interval,
         h2_upgrade=args.h2_upgrade,
+        h2_lanes=args.h2_lanes,
     )
     directory = os.environ.get(PROFILE_ENV)
     if directory:

@@ -50,7 +50,7 @@ from agent.identity.tls import seal
 from agent.pods.source import ManifestPodSource
 from agent.proxy import channel as ch
 from agent.proxy import state
-from agent.proxy.pool import WorkerOptions, WorkerPool
+from agent.proxy.pool import WorkerOptions, WorkerPool, h2_lanes_for
 from agent.redirect.model import Mode
 from agent.redirect.registry import Registry
 from agent.supervisor import dump
@@ -145,6 +145,7 @@ class Supervisor:
             options=WorkerOptions(
                 grace_s=s.grace,
                 h2_upgrade=s.h2_upgrade,
+                h2_lanes=h2_lanes_for(s.workers),
                 plugins=s.worker_plugins,
                 log_level=s.log_level,
             ),

@@ -20,10 +20,9 @@ import time
 import pytest
 import pytest_asyncio
 
-from agent.proxy import h2pool
 from agent.proxy.listener import ListenerKind, open_pod_listeners
 from agent.proxy.model import Endpoint, PathRegex, Profile, Route
-from agent.proxy.pool import WorkerOptions, WorkerPool
+from agent.proxy.pool import H2_LANES, WorkerOptions, WorkerPool
 from agent.proxy.state import Destination, NodeInfo
 from agent.redirect import netns
 from agent.redirect.annotations import build_spec
@@ -318,18 +317,19 @@ async def test_concurrent_unary_calls_on_one_connection_spread_over_both_endpoin
 
 async def test_client_connections_spread_over_the_workers_lanes_to_each_endpoint(world):
     """h2pool rule 2: the peer's kernel gives each connection to one of its workers, so
-    one worker's streams to a remote endpoint go on up to LANES connections, not one."""
+    one worker's streams to a remote endpoint go on up to H2_LANES connections, not one
+    (the pool's default: this world starts its pools as a node of several workers)."""
     outs = await asyncio.gather(
-        *(grpc_client(world.pods["a"], "unary", VIP_REMOTE, 20) for _ in range(2 * h2pool.LANES))
+        *(grpc_client(world.pods["a"], "unary", VIP_REMOTE, 20) for _ in range(2 * H2_LANES))
     )
-    assert [c["code"] for out in outs for c in out["calls"]] == [0] * 20 * 2 * h2pool.LANES
+    assert [c["code"] for out in outs for c in out["calls"]] == [0] * 20 * 2 * H2_LANES
     ip = world.pods["g2"].ip
     counts = [
         await netns.run_in_async(world.pods["a"].netns, lambda p=port: _established_to((ip, p)))
         for port in PORTS
     ]
     # One worker per node here: without lanes, one connection per endpoint.
-    assert all(1 <= n <= h2pool.LANES for n in counts), counts
+    assert all(1 <= n <= H2_LANES for n in counts), counts
     assert sum(counts) > len(PORTS), counts
 
 

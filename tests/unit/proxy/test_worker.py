@@ -39,3 +39,12 @@ def test_a_failed_resolution_is_not_remembered(monkeypatch: pytest.MonkeyPatch):
         worker.target_of(conn)  # type: ignore[arg-type]
     assert worker.target_of(conn) == ("10.0.0.8", 80)  # type: ignore[arg-type]
     assert answers == []
+
+
+def test_h2_lanes_flag_defaults_to_several_and_refuses_zero(capsys: pytest.CaptureFixture[str]):
+    base = ["--channel-fd=3", "--worker-id=0"]
+    assert worker.parse_args(base).h2_lanes == 4
+    assert worker.parse_args([*base, "--h2-lanes=1"]).h2_lanes == 1
+    with pytest.raises(SystemExit):
+        worker.parse_args([*base, "--h2-lanes=0"])
+    assert "--h2-lanes" in capsys.readouterr().err
