@@ -42,15 +42,6 @@ logger = logging.getLogger(__name__)
 
 Opener = Callable[[Callable[[], asyncio.Protocol]], Awaitable[tuple[asyncio.Transport, Any]]]
 
-_lane = 0
-
-
-def next_lane(lanes: int) -> int:
-    """The lane of a new client connection, of `lanes` (the worker's `h2_lanes`, rule 2)."""
-    global _lane  # noqa: PLW0603 - one counter per worker process
-    _lane = (_lane + 1) % lanes
-    return _lane
-
 
 # --- the upstream pool ------------------------------------------------------------------
 
@@ -60,13 +51,15 @@ class H2Pool:
 
     def __init__(self, lanes: int = H2_LANES) -> None:
         self.lanes = lanes  # lanes per meshed endpoint (rule 2): the worker's `h2_lanes`
+        self._lane = 0  # the last lane handed out
         self._conns: dict[Hashable, list[H2Conn]] = {}
         self._opening: dict[Hashable, asyncio.Future[H2Conn]] = {}
         self.opened = 0
 
     def next_lane(self) -> int:
         """The lane of a new client connection, of this pool's `lanes` (rule 2)."""
-        return next_lane(self.lanes)
+        self._lane = (self._lane + 1) % self.lanes
+        return self._lane
 
     async def stream(
         self, key: Hashable, opener: Opener, headers: H2Headers, *, end: bool

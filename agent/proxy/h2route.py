@@ -145,7 +145,7 @@ class OutboundStreams:
     def __init__(self, router: outbound.OutboundRouter) -> None:
         self.router = router
         self.worker = router.worker
-        self.lane = h2pool.next_lane(self.worker.h2_lanes)  # streams over mTLS (h2pool rule 2)
+        self.lane = h2pool.pool_of(self.worker).next_lane()  # streams over mTLS (its rule 2)
         self._repeat: _Repeat | None = None
 
     def route_now(self, headers: H2Headers) -> http2.Routed | Answer | None:
