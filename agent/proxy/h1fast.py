@@ -111,15 +111,15 @@ class CallbackExchange:
     # What UpstreamConn calls (outside the connection's context)
     def on_events(self, events: list[http1.Event]) -> None:
         if events and self.conn.fast is self:
-            self.conn.ctx.run(self._on_events, events)
+            self.conn.in_ctx(self._on_events, events)
 
     def on_whole(self, head: ResponseHead, data: bytes) -> None:
         if self.conn.fast is self:
-            self.conn.ctx.run(self._on_whole, head, data)
+            self.conn.in_ctx(self._on_whole, head, data)
 
     def fail(self, err: UpstreamError) -> None:
         if self.conn.fast is self and not self.ended:
-            self.conn.ctx.run(self._broken, err)
+            self.conn.in_ctx(self._broken, err)
 
     def _on_whole(self, resp: ResponseHead, data: bytes) -> None:
         """A whole final response: forwarded as it came when its head needs no change."""

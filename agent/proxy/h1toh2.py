@@ -291,7 +291,7 @@ class UpExchange:
         if self.conn.fast is not self:  # the client connection went on without it
             stream.close()  # its sink too (`discard`)
             return
-        self.conn.ctx.run(self._on_items)
+        self.conn.in_ctx(self._on_items)
 
     def _on_items(self) -> None:
         stream = self.stream

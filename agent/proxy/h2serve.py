@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from agent import aio
 from agent.proxy import h2msg, http2
@@ -47,7 +47,7 @@ from agent.proxy.h2stream import (
 from agent.proxy.record import REQUEST, recorder
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
+    from collections.abc import Callable, Coroutine
     from typing import Any
 
     from agent.proxy.h2pool import H2Pool
@@ -99,7 +99,7 @@ async def serve(
 class Starter:
     """Starts each new request stream of one client connection: a `Relay`, or a task."""
 
-    __slots__ = ("count", "ctx", "direction", "pool", "relayed", "router", "tasks")
+    __slots__ = ("count", "ctx", "direction", "in_ctx", "pool", "relayed", "router", "tasks")
 
     def __init__(self, router: http2.StreamRouter, pool: H2Pool, tasks: aio.TaskSet) -> None:
         self.router = router
@@ -107,13 +107,14 @@ class Starter:
         self.pool = pool
         self.tasks = tasks
         self.ctx = contextvars.copy_context()  # the connection's task context (record.CONN)
+        self.in_ctx: Callable[..., Any] = self.ctx.run  # bound once: no lookup by name per call
         self.count = 0
         self.relayed = 0  # streams begun in callbacks
 
     def start(self, down: H2Stream) -> None:
         self.count += 1
         try:
-            self.ctx.run(self._start, down)
+            self.in_ctx(self._start, down)
         except Exception:  # a bug: this stream fails, not the connection's others
             logger.exception("h2 stream start failed", extra={"stream": down.sid})
             down.reset(INTERNAL_ERROR)
@@ -316,21 +317,21 @@ class Relay:
         task = http2.resume(
             self.down, self.up, self.routed, s.direction, self.t0, self.pump, self.status
         )
-        s.ctx.run(self._spawn, task)
+        s.in_ctx(self._spawn, task)
 
     def _finish(self, grpc_status: int | None) -> None:
         """The response ended: its outcome recorded, then both streams closed (once the
         request is through: else the rest of it goes on in a task, http2 rule 3)."""
         self.response = DONE
         self.up.sink = None
-        self.starter.ctx.run(self._record, grpc_status)
+        self.starter.in_ctx(self._record, grpc_status)
         if self.request == CALLBACKS:
             self._request_to_task()
         pump = self.pump
         if pump is None:
             http2.close(self.down, self.up, self.routed, None)
         else:
-            self.starter.ctx.run(self._spawn, http2.linger(self.down, self.up, self.routed, pump))
+            self.starter.in_ctx(self._spawn, http2.linger(self.down, self.up, self.routed, pump))
 
     def _record(self, grpc_status: int | None) -> None:
         REQUEST.set(self.head)

@@ -246,6 +246,7 @@ class DownExchange:
         "ctx",
         "down",
         "ended",
+        "in_ctx",
         "interim",
         "parts",
         "request",
@@ -270,6 +271,7 @@ class DownExchange:
         self.up = up
         self.t0 = t0
         self.ctx = ctx
+        self.in_ctx: Callable[..., Any] = ctx.run  # bound once: no lookup by name per call
         self.spawn = spawn
         self.request = REQUEST.get()  # the stream's, set by the caller in `ctx`
         self.resp: ResponseHead | None = None
@@ -280,14 +282,14 @@ class DownExchange:
     # What UpstreamConn calls (outside the connection's context)
     def on_events(self, events: list[http1.Event]) -> None:
         if not self.ended:
-            self.ctx.run(self._on_events, events)
+            self.in_ctx(self._on_events, events)
 
     def on_whole(self, head: ResponseHead, data: bytes) -> None:
         self.on_events(http1.whole_events(head, data))
 
     def fail(self, err: UpstreamError) -> None:
         if not self.ended:
-            self.ctx.run(self._fail, err)
+            self.in_ctx(self._fail, err)
 
     def _on_events(self, events: list[http1.Event]) -> None:
         for ev in events:

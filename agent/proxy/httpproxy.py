@@ -57,7 +57,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from typing import Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from agent.proxy import h1msg, h1toh2, writes
 from agent.proxy.h1client import ClientGoneError as _ClientGoneError
@@ -85,6 +85,9 @@ from agent.proxy.origproto import upgradable
 from agent.proxy.profile import classify, should_retry
 from agent.proxy.record import REQUEST, BoundHttp, Labels, recorder
 from agent.proxy.upstream import ConnPool, UpstreamError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +118,7 @@ class HttpConn:
         self.batch = writes.batch_for(self.loop)  # the callback path's writes (rule 8)
         # Rule 7: the callback path's state.
         self.ctx = contextvars.copy_context()  # the connection's task context (record.CONN)
+        self.in_ctx: Callable[..., Any] = self.ctx.run  # bound once: no lookup by name per call
         self.parked: asyncio.Future[None] | None = None  # the coroutine sleeps on it
         # The exchange the callbacks are serving (an upgraded one: agent.proxy.h1toh2 rule 6).
         self.fast: CallbackExchange | h1toh2.UpExchange | None = None
@@ -150,7 +154,7 @@ class HttpConn:
         if self.parked is None:
             self.down.wake()
         elif self.fast is None:
-            self.ctx.run(self.pump)
+            self.in_ctx(self.pump)
         # else: the callback exchange takes the queue when it ends
 
     def client_lost(self) -> None:
@@ -219,7 +223,7 @@ class HttpConn:
         down = self.down
         while not self.stop:
             if self.handoff is None and down.events:
-                self.ctx.run(self.pump)
+                self.in_ctx(self.pump)
             work = self.handoff
             if work is not None:
                 self.handoff = None
@@ -295,7 +299,7 @@ class HttpConn:
             or head.expect_continue
         ):
             return False
-        return self.ctx.run(self._take, head)
+        return cast("bool", self.in_ctx(self._take, head))
 
     def _take(self, head: RequestHead) -> bool:
         plan = self.router.plan_now(head)
