@@ -48,7 +48,6 @@ from agent.proxy.record import REQUEST, recorder
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
-    from typing import Any
 
     from agent.proxy.h2pool import H2Pool
     from agent.proxy.h2stream import Item

@@ -243,7 +243,6 @@ class DownExchange:
     connection's exchange, as agent.proxy.h1fast's `CallbackExchange` is."""
 
     __slots__ = (
-        "ctx",
         "down",
         "ended",
         "in_ctx",
@@ -270,7 +269,6 @@ class DownExchange:
         self.down = down
         self.up = up
         self.t0 = t0
-        self.ctx = ctx
         self.in_ctx: Callable[..., Any] = ctx.run  # bound once: no lookup by name per call
         self.spawn = spawn
         self.request = REQUEST.get()  # the stream's, set by the caller in `ctx`

@@ -44,7 +44,7 @@ Rules:
    Both paths keep rules 1-6. A reused connection that fails before any
    response byte hands the request to the coroutine, which sends it again on a
    fresh one (as `_send` does).
-   Callbacks run in the connection's context (`ctx`), so the recorder sees
+   Callbacks run in the connection's context (`in_ctx`, its bound `run`), so the recorder sees
    `record.CONN` and `record.REQUEST` as it does in the coroutine.
 8. The callback path holds its writes (the request upstream, a whole response
    to the client) to the end of the loop's batch of callbacks
@@ -117,8 +117,9 @@ class HttpConn:
         self.loop = asyncio.get_running_loop()
         self.batch = writes.batch_for(self.loop)  # the callback path's writes (rule 8)
         # Rule 7: the callback path's state.
-        self.ctx = contextvars.copy_context()  # the connection's task context (record.CONN)
-        self.in_ctx: Callable[..., Any] = self.ctx.run  # bound once: no lookup by name per call
+        # `run` of the connection's task context (record.CONN), bound once: called per
+        # request, not looked up by name each time
+        self.in_ctx: Callable[..., Any] = contextvars.copy_context().run
         self.parked: asyncio.Future[None] | None = None  # the coroutine sleeps on it
         # The exchange the callbacks are serving (an upgraded one: agent.proxy.h1toh2 rule 6).
         self.fast: CallbackExchange | h1toh2.UpExchange | None = None
