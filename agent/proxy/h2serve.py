@@ -19,7 +19,7 @@ Rules:
 3. Both paths send the same frames to both peers and keep http2's rules 1-7: the
    same acknowledgements, resets both ways (the streams stay linked by `on_reset`),
    the same balancer outcome and metrics. Callbacks run in the client connection's
-   context (`ctx`, as httpproxy rule 7) with `record.REQUEST` set to the stream's
+   context (`in_ctx`, as httpproxy rule 7) with `record.REQUEST` set to the stream's
    request before every recorder call and every task started for it.
 4. A stream served whole in callbacks makes no task, future or coroutine.
 """
@@ -98,15 +98,16 @@ async def serve(
 class Starter:
     """Starts each new request stream of one client connection: a `Relay`, or a task."""
 
-    __slots__ = ("count", "ctx", "direction", "in_ctx", "pool", "relayed", "router", "tasks")
+    __slots__ = ("count", "direction", "in_ctx", "pool", "relayed", "router", "tasks")
 
     def __init__(self, router: http2.StreamRouter, pool: H2Pool, tasks: aio.TaskSet) -> None:
         self.router = router
         self.direction = router.direction
         self.pool = pool
         self.tasks = tasks
-        self.ctx = contextvars.copy_context()  # the connection's task context (record.CONN)
-        self.in_ctx: Callable[..., Any] = self.ctx.run  # bound once: no lookup by name per call
+        # `run` of the connection's task context (record.CONN), bound once: called per
+        # stream, not looked up by name each time (and passed on to h2toh1's exchanges)
+        self.in_ctx: Callable[..., Any] = contextvars.copy_context().run
         self.count = 0
         self.relayed = 0  # streams begun in callbacks
 
@@ -143,7 +144,7 @@ class Starter:
         if got.timeout_s is None:
             if got.h1 is not None:
                 way, request = got.h1
-                if way.serve_now(down, request, t0, self.ctx, self.spawn):
+                if way.serve_now(down, request, t0, self.in_ctx, self.spawn):
                     recorder().request(self.direction, got.labels)
                     self.relayed += 1
                     return

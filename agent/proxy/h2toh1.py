@@ -47,7 +47,6 @@ from agent.proxy.record import REQUEST, recorder
 from agent.proxy.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    import contextvars
     from collections.abc import Callable, Coroutine, Hashable
 
     from agent.proxy.record import Labels
@@ -127,7 +126,7 @@ class Downgrade:
         down: H2Stream,
         request: origproto.Downgraded,
         t0: float,
-        ctx: contextvars.Context,
+        in_ctx: Callable[..., Any],
         spawn: Spawn,
     ) -> bool:
         """`serve` in callbacks (rule 5): False, with nothing done, when the stream has a
@@ -140,7 +139,7 @@ class Downgrade:
         conn = cast("UpstreamConn", up)
         tr = conn.transport
         assert tr is not None  # noqa: S101 - pooled connections are connected
-        conn.begin_with(DownExchange(self, down, conn, t0, ctx, spawn), request.method)
+        conn.begin_with(DownExchange(self, down, conn, t0, in_ctx, spawn), request.method)
         tr.write(request.head_bytes(end=True)[0])
         down.items.popleft()  # the end
         return True
@@ -262,16 +261,16 @@ class DownExchange:
         down: H2Stream,
         up: UpstreamConn,
         t0: float,
-        ctx: contextvars.Context,
+        in_ctx: Callable[..., Any],
         spawn: Spawn,
     ) -> None:
         self.way = way
         self.down = down
         self.up = up
         self.t0 = t0
-        self.in_ctx: Callable[..., Any] = ctx.run  # bound once: no lookup by name per call
+        self.in_ctx = in_ctx  # the client connection's bound `Context.run`
         self.spawn = spawn
-        self.request = REQUEST.get()  # the stream's, set by the caller in `ctx`
+        self.request = REQUEST.get()  # the stream's, set by the caller in `in_ctx`
         self.resp: ResponseHead | None = None
         self.parts: list[bytes | memoryview] = []
         self.interim = False
