@@ -8,7 +8,9 @@ Rules:
    scheduler's runtime: `cpu_seconds`), not from /proc's user + system, which
    are tick samples (250 Hz here) and biased for a lightly loaded process by
    when it wakes; the load generator and servers run in their pods and are
-   not counted. `rss_mb` is the proxy processes' RSS after it.
+   not counted. `rss_mb` is the proxy processes' RSS after it; `steal_pct` the
+   share of the machine's CPU time the hypervisor took during it
+   (agent.bench.calibrate rule 4).
 3. `memory-P` starts `meshagent run` for P meshed pods (cli, srv and idle
    pods on node `a`, each with a process) for each meshagent capture mode in
    the run and reads RSS and PSS of the supervisor and of its workers, apart
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from agent import native
-from agent.bench import interp, loads, profile, report, setups
+from agent.bench import calibrate, interp, loads, profile, report, setups
 from agent.bench.topology import per_node
 from agent.errors import AgentError
 
@@ -178,7 +180,8 @@ def memory_of(pids: list[int]) -> tuple[float, float]:
     return round(rss / 2**20, 1), round(pss / 2**20, 1)
 
 
-def machine() -> dict[str, Any]:
+def machine(calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the run ran on; `calibration` (agent.bench.calibrate rule 3) when measured."""
     haproxy = subprocess.run(["haproxy", "-v"], capture_output=True, text=True, check=False)
     model = ""
     with contextlib.suppress(OSError):
@@ -195,6 +198,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "haproxy": haproxy.stdout.split("\n", 1)[0],
         "native": native.state(),  # the compiled request path (agent.native) or the sources
+        **({"calibration": calibration} if calibration else {}),
     }
 
 
@@ -293,12 +297,14 @@ def _measure_setup(topo: Topology, name: str, opts: Options, rows: list[dict[str
                 cpu = _Cpu()
                 cpu.start(target.proxy_pids())
                 accel_before = target.accel_counts()
+                ticks = calibrate.cpu_times()
                 try:
                     m = _one_load(target, load, opts)
                 except AgentError as exc:
                     rows.append({"setup": name, "load": load, "error": str(exc)[:300]})
                     continue
                 rows.append(_row(target, load, m, cpu.stop()))
+                rows[-1]["steal_pct"] = calibrate.steal_pct(ticks, calibrate.cpu_times())
                 rows[-1].update(accel_delta(accel_before, target.accel_counts()))
                 logger.info("measured", extra={"setup": name, "load": load, "rps": rows[-1]["rps"]})
     except AgentError as exc:
@@ -383,6 +389,7 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     started = time.monotonic()
+    calibration = {"start": calibrate.measure()}
     try:
         with Lab("mab" + secrets.token_hex(2)) as lab:
             say("building the lab: nodes a, b; pods cli, srv (a), srv2 (b)")
@@ -400,12 +407,14 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
                 topo.mesh.stop()
     finally:
         setups.remove_workdir(workdir)
+    calibration["end"] = calibrate.measure()
     took = f"run took {time.monotonic() - started:.0f}s; {opts.duration_s}s per load"
     if opts.repeat > 1:
         took += f"; {opts.repeat} rounds, medians reported"
     notes.append(took)
+    notes.append(calibrate.describe(calibration["start"], calibration["end"]))
     notes += _not_yet_notes(opts)
-    return report.document(machine(), report.combine(rows), notes, measured=rows)
+    return report.document(machine(calibration), report.combine(rows), notes, measured=rows)
 
 
 def _not_yet_notes(opts: Options) -> list[str]:

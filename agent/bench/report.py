@@ -83,6 +83,7 @@ COLUMNS = [
     "gbps",
     "cpu_s",
     "rss_mb",
+    "steal_pct",
     "errors",
 ]
 
@@ -300,6 +301,7 @@ _MEDIAN_KEYS = (
     "cpu_s",
     "cpu_s_per_req",
     "cpu_s_per_gb",
+    "steal_pct",
 )
 
 

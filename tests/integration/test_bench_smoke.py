@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench import topology
+from agent.bench import calibrate, topology
 
 pytestmark = pytest.mark.privileged
 
@@ -44,9 +44,17 @@ def doc(tmp_path_factory):
 def test_quick_bench_prints_machine_results_and_ratios(doc):
     assert set(doc) >= {"machine", "results", "ratios"}
     assert doc["machine"]["cpus"] >= 1
+    cal = doc["machine"]["calibration"]
+    assert cal["start"]["python_ms"] > 0
+    assert cal["end"]["python_over_c"] > 0
     for row in doc["results"]:
         assert set(row) >= {"setup", "load"}
         assert "error" not in row, row
+        if not row["load"].startswith("memory-"):
+            if calibrate.cpu_times() is None:  # this kernel counts no steal
+                assert row["steal_pct"] is None, row
+            else:
+                assert 0 <= row["steal_pct"] <= 100, row
 
 
 @pytest.mark.timeout(180)
