@@ -180,8 +180,8 @@ def memory_of(pids: list[int]) -> tuple[float, float]:
     return round(rss / 2**20, 1), round(pss / 2**20, 1)
 
 
-def machine(calibration: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What the run ran on; `calibration` (agent.bench.calibrate rule 3) when measured."""
+def machine(calibration: dict[str, Any]) -> dict[str, Any]:
+    """What the run ran on, with its `calibration` (agent.bench.calibrate rule 3)."""
     haproxy = subprocess.run(["haproxy", "-v"], capture_output=True, text=True, check=False)
     model = ""
     with contextlib.suppress(OSError):
@@ -198,7 +198,7 @@ def machine(calibration: dict[str, Any] | None = None) -> dict[str, Any]:
         "python": platform.python_version(),
         "haproxy": haproxy.stdout.split("\n", 1)[0],
         "native": native.state(),  # the compiled request path (agent.native) or the sources
-        **({"calibration": calibration} if calibration else {}),
+        "calibration": calibration,
     }
 
 
