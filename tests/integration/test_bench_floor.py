@@ -48,11 +48,24 @@ def upstream() -> Iterator[int]:
 
     async def run() -> None:
         stop = asyncio.Event()
-        loop_and_stop.append((asyncio.get_running_loop(), stop))
-        srv = await server.start(HOST, port)
+        loop = asyncio.get_running_loop()
+        loop_and_stop.append((loop, stop))
+        accepted: list[server._Server] = []
+
+        def factory() -> server._Server:
+            accepted.append(server._Server())
+            return accepted[-1]
+
+        srv = await loop.create_server(factory, HOST, port, reuse_address=True)
         ready.set()
         async with srv:
             await stop.wait()
+        # Close what the relay left open before the loop closes: an EOF handled while
+        # the loop closes would leave a transport behind (uvloop: EBUSY on close).
+        for conn in accepted:
+            if conn.transport is not None:
+                conn.transport.close()
+        await asyncio.sleep(0.05)
 
     t = threading.Thread(target=lambda: aio.run(run()), daemon=True)
     t.start()
