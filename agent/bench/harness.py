@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from agent import native
-from agent.bench import calibrate, interp, loads, profile, report, setups
+from agent.bench import calibrate, callgrind, interp, loads, profile, report, setups
 from agent.bench.topology import per_node
 from agent.errors import AgentError
 
@@ -79,6 +79,7 @@ class Options:
     workdir: Path | None = None
     profile_dir: Path | None = None  # `--profile`: workers' cProfile per setup (bench.profile)
     interp_dir: Path | None = None  # `--interp`: interpreted calls per setup (bench.interp)
+    icount_dir: Path | None = None  # `--icount`: workers under callgrind (bench.callgrind)
     repeat: int = 1  # `--repeat`: rounds of every setup's loads, medians reported (report rule 6)
 
     @classmethod
@@ -91,15 +92,22 @@ class Options:
         duration_s: float | None = None,
         profile_dir: Path | None = None,
         interp_dir: Path | None = None,
+        icount_dir: Path | None = None,
         repeat: int = 1,
     ) -> Options:
         """Options from the CLI's values.
 
         Raises:
-            ValueError: an unknown setup or load name, or fewer than one round.
+            ValueError: an unknown setup or load name, fewer than one round, or loads
+                too short to count (`callgrind.MIN_DURATION_S`).
         """
         if repeat < 1:
             raise ValueError(f"--repeat must be at least 1, got {repeat}")
+        if icount_dir is not None:
+            duration_s = duration_s or callgrind.DURATION_S
+            if duration_s < callgrind.MIN_DURATION_S:
+                why = f"--icount needs loads of at least {callgrind.MIN_DURATION_S:g}s"
+                raise ValueError(f"{why}, got --duration {duration_s:g}")
         wanted_setups = _pick(setups_, tuple(setups.SETUPS), "setup") if setups_ else None
         all_loads = (*ALL_LOADS, *(f"memory-{p}" for p in MEMORY_PODS), "memory")
         base_loads = QUICK_LOADS if quick else ALL_LOADS
@@ -118,6 +126,7 @@ class Options:
             warmup_s=0.3 if quick else 2.0,
             profile_dir=profile_dir,
             interp_dir=interp_dir,
+            icount_dir=icount_dir,
             repeat=repeat,
         )
 
@@ -265,11 +274,15 @@ def _run_setup(
     meshed = name.startswith("meshagent-")  # only meshagent setups have workers
     directory = opts.profile_dir / name if opts.profile_dir is not None and meshed else None
     counted = opts.interp_dir / name if opts.interp_dir is not None and meshed else None
-    with profile.profiling(directory), interp.counting(counted):
-        _measure_setup(topo, name, opts, rows)
+    wrapped = opts.icount_dir / name if opts.icount_dir is not None and meshed else None
+    with profile.profiling(directory), interp.counting(counted), callgrind.counting(wrapped):
+        _measure_setup(topo, name, opts, rows, wrapped)
     # The agents stopped: their workers wrote their files. Every round so far: the
     # directory holds the files of each round's workers.
     requests = sum(r.get("requests") or 0 for r in rows if r["setup"] == name)
+    if wrapped is not None:
+        why = "workers ran under callgrind; rates, latency and CPU compare with no other run"
+        _note(notes, f"icount of {name}: ", f"{why} (dumps in {wrapped})")
     if directory is not None:
         summary = profile.summarize(directory, requests)
         _note(notes, f"profile of {name}: ", str(summary or "no worker stats written"))
@@ -287,7 +300,13 @@ def _note(notes: list[str], tag: str, text: str) -> None:
     notes.append(tag + text)
 
 
-def _measure_setup(topo: Topology, name: str, opts: Options, rows: list[dict[str, Any]]) -> None:
+def _measure_setup(
+    topo: Topology,
+    name: str,
+    opts: Options,
+    rows: list[dict[str, Any]],
+    icount_dir: Path | None = None,
+) -> None:
     try:
         with setups.SETUPS[name](topo) as target:
             for load in opts.loads:
@@ -298,12 +317,24 @@ def _measure_setup(topo: Topology, name: str, opts: Options, rows: list[dict[str
                 cpu.start(target.proxy_pids())
                 accel_before = target.accel_counts()
                 ticks = calibrate.cpu_times()
+                counts: dict[str, Any] = {}
                 try:
-                    m = _one_load(target, load, opts)
+                    if icount_dir is None:
+                        m = _one_load(target, load, opts)
+                    else:
+                        m, counts = callgrind.during(
+                            lambda: _one_load(target, load, opts),  # noqa: B023 - called now
+                            opts.duration_s,
+                            target.agents,
+                            icount_dir,
+                        )
                 except AgentError as exc:
                     rows.append({"setup": name, "load": load, "error": str(exc)[:300]})
                     continue
                 rows.append(_row(target, load, m, cpu.stop()))
+                if counts:
+                    rows[-1]["ir_per_request"] = counts["ir_per_request"]
+                    rows[-1]["icount"] = counts["workers"]
                 rows[-1]["steal_pct"] = calibrate.steal_pct(ticks, calibrate.cpu_times())
                 rows[-1].update(accel_delta(accel_before, target.accel_counts()))
                 logger.info("measured", extra={"setup": name, "load": load, "rps": rows[-1]["rps"]})

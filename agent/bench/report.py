@@ -293,6 +293,7 @@ def memory_summary(rows: Sequence[Row]) -> dict[str, Any]:
 
 _MEDIAN_KEYS = (
     "rps",
+    "ir_per_request",
     "p50_ms",
     "p99_ms",
     "p999_ms",
@@ -324,6 +325,8 @@ def combine(rows: Sequence[Row]) -> list[Row]:
             row[key] = sum(r.get(key) or 0 for r in good)
         row["rounds"] = len(good)
         row["rps_rounds"] = [r.get("rps") for r in good]
+        if any("ir_per_request" in r for r in good):
+            row["ir_rounds"] = [r.get("ir_per_request") for r in good]
         out.append(row)
     return out
 
@@ -376,9 +379,12 @@ def document(
 
 def table_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     out = []
+    columns = list(COLUMNS)
+    if any(r.get("ir_per_request") is not None for r in doc["results"]):
+        columns.insert(3, "ir_per_request")  # `--icount` (agent.bench.callgrind)
     for r in doc["results"]:
         row = {}
-        for c in COLUMNS:
+        for c in columns:
             v = r.get(c)
             row[c] = "" if v is None else (round(v, 3) if isinstance(v, float) else v)
         if r.get("error"):

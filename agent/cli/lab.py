@@ -158,6 +158,13 @@ def register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="count the interpreted calls of the node agents' workers; per-setup summaries "
         "in DIR/interp/",
     )
+    parser.add_argument(
+        "--icount",
+        action="store_true",
+        help="run the node agents' workers under callgrind and count their instructions per "
+        "request (rows' `icount`; dumps in DIR/icount/; needs valgrind, loads of 20 s or more, "
+        "default 60 s; rates not comparable)",
+    )
     output_flag(parser, ("table", "json"))
     parser.set_defaults(handler=_bench)
 
@@ -179,11 +186,15 @@ def _bench(args: argparse.Namespace) -> int:
             duration_s=args.duration,
             profile_dir=(out / "profile").resolve() if args.profile else None,
             interp_dir=(out / "interp").resolve() if args.interp else None,
+            icount_dir=(out / "icount").resolve() if args.icount else None,
             repeat=args.repeat,
         )
     except ValueError as exc:
-        flag = "--repeat" if args.repeat < 1 else "--setups/--loads"
-        value = str(args.repeat) if args.repeat < 1 else f"{args.setups},{args.loads}"
+        flag, value = "--setups/--loads", f"{args.setups},{args.loads}"
+        if args.repeat < 1:
+            flag, value = "--repeat", str(args.repeat)
+        elif str(exc).startswith("--icount"):
+            flag, value = "--duration", str(args.duration)
         raise SettingError(flag, value, str(exc)) from None
     quiet = args.output == "json"
     doc = harness.run(opts, progress=None if quiet else lambda m: print(f"  {m}", flush=True))

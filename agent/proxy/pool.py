@@ -20,6 +20,11 @@ Rules:
    only ever signal its own children, never a recycled PID.
 5. Not thread-safe: call it from the loop it was started on (from gRPC
    threads use `loop.call_soon_threadsafe`).
+6. A development hook, like the worker's `MESHAGENT_PROFILE_DIR`: a command in
+   `MESHAGENT_WORKER_WRAP` (split as a shell would, no shell run) goes before each
+   worker's argv, e.g. `valgrind --tool=callgrind ...` (agent.bench.callgrind). A
+   wrapped worker may start many times slower, so `start` then waits up to
+   `WRAPPED_READY_S` for it.
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agent.proxy import channel as ch
@@ -42,6 +48,14 @@ from agent.redirect.model import PROXY_MARK
 
 H2_UPGRADE_MODES = ("auto", "on", "off")  # `--h2-upgrade` (agent.proxy.h1toh2 rule 7)
 H2_LANES = 4  # h2 connections per meshed endpoint per worker, with several workers (h2pool rule 2)
+WRAP_ENV = "MESHAGENT_WORKER_WRAP"  # rule 6
+READY_S = 10.0  # `start`: a worker says Ready within this
+WRAPPED_READY_S = 600.0  # rule 6: callgrind starts a worker about 40 s slower
+
+
+def wrap_from_env() -> tuple[str, ...]:
+    """The command put before each worker's argv (rule 6); empty when none is set."""
+    return tuple(shlex.split(os.environ.get(WRAP_ENV, "")))
 
 
 def h2_lanes_for(workers: int) -> int:
@@ -75,10 +89,12 @@ class WorkerOptions:
     plugins: tuple[str, ...] = ("agent.proxy.dataplane",)  # the mesh data path
     log_level: str = "info"
     python: str = sys.executable
+    wrap: tuple[str, ...] = field(default_factory=wrap_from_env)  # rule 6
     env: Mapping[str, str] | None = None
 
     def argv(self, channel_fd: int, worker_id: int) -> list[str]:
         argv = [
+            *self.wrap,
             self.python,
             "-m",
             "agent.proxy.worker",
@@ -178,15 +194,18 @@ class WorkerPool:
 
     # --- lifecycle ------------------------------------------------------------------
 
-    async def start(self, ready_timeout: float = 10.0) -> None:
+    async def start(self, ready_timeout: float | None = None) -> None:
         """Start the N workers and wait until each has said `Ready`.
 
         Raises:
-            TimeoutError: some worker was not ready within `ready_timeout`.
+            TimeoutError: some worker was not ready within `ready_timeout` (default
+                `READY_S`, or `WRAPPED_READY_S` for wrapped workers: rule 6).
             OSError: a worker process could not be started.
         """
         for worker_id in range(self.n):
             self._spawn(worker_id)
+        if ready_timeout is None:
+            ready_timeout = WRAPPED_READY_S if self.options.wrap else READY_S
         await self.wait_ready(ready_timeout)
 
     async def wait_ready(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - a deadline parameter reads better here

@@ -247,6 +247,22 @@ def test_repeated_rounds_become_one_row_of_medians_and_ratios_use_them():
     assert doc["ratios"][f"http1_saturate_rps:meshagent-ebpf/haproxy-http@{sat}"] == 0.602
 
 
+def test_counted_instructions_are_a_median_over_rounds_and_a_table_column_when_present():
+    sat = "http1-saturate"
+    rows = [
+        {"setup": "meshagent-ebpf-xnode", "load": sat, "rps": 200.0, "ir_per_request": 132_000},
+        {"setup": "meshagent-ebpf-xnode", "load": sat, "rps": 210.0, "ir_per_request": 133_000},
+        {"setup": "meshagent-ebpf-xnode", "load": sat, "rps": 190.0, "ir_per_request": 131_900},
+    ]
+    (row,) = report.combine(rows)
+    assert row["ir_per_request"] == 132_000
+    assert row["ir_rounds"] == [132_000, 133_000, 131_900]
+    doc = report.document({}, [row], [])
+    assert report.table_rows(doc)[0]["ir_per_request"] == 132_000
+    plain = report.document({}, [{"setup": "direct", "load": sat, "rps": 9.0}], [])
+    assert "ir_per_request" not in report.table_rows(plain)[0]
+
+
 def test_a_setup_that_failed_every_round_keeps_its_error():
     rows = [
         {"setup": "meshagent-ebpf", "load": "*", "error": "first"},

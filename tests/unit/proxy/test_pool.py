@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.proxy.pool import H2_LANES, WorkerOptions, h2_lanes_for
+from agent.proxy.pool import H2_LANES, WRAP_ENV, WorkerOptions, h2_lanes_for
 
 
 def test_a_node_of_one_worker_keeps_one_lane_and_of_several_h2_lanes():
@@ -17,3 +17,12 @@ def test_worker_argv_carries_the_lanes_and_the_upgrade_mode():
     assert "--h2-lanes=1" in argv
     assert argv[argv.index("--h2-upgrade") + 1] == "off"
     assert f"--h2-lanes={H2_LANES}" in WorkerOptions().argv(channel_fd=7, worker_id=0)
+
+
+def test_a_wrap_command_from_the_environment_goes_before_the_worker_argv(monkeypatch):
+    monkeypatch.setenv(WRAP_ENV, "valgrind --tool=callgrind '--callgrind-out-file=/tmp/a b/cg.%p'")
+    argv = WorkerOptions(python="/py").argv(channel_fd=7, worker_id=0)
+    wrap = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/tmp/a b/cg.%p"]
+    assert argv[:5] == [*wrap, "/py", "-m"]
+    monkeypatch.delenv(WRAP_ENV)
+    assert WorkerOptions(python="/py").argv(channel_fd=7, worker_id=0)[:2] == ["/py", "-m"]
