@@ -210,7 +210,7 @@ async def _body_out(conn: HttpConn, stream: H2Stream, out: bytes, *, chunked: bo
                 await conn.client_drained()
             if conn.down.lost:
                 raise ClientGoneError
-        elif isinstance(item, Trailers | End):
+        elif isinstance(item, (Trailers, End)):
             tail = b""
             if chunked:
                 tail = origproto.last_chunk(item.headers if isinstance(item, Trailers) else None)
@@ -314,7 +314,7 @@ class UpExchange:
             elif isinstance(item, Data):
                 self.out.append(origproto.chunk(item.data) if self.chunked else item.data)
                 stream.ack(item.flow)
-            elif isinstance(item, Trailers | End):
+            elif isinstance(item, (Trailers, End)):
                 if self.chunked:
                     tail = item.headers if isinstance(item, Trailers) else None
                     self.out.append(origproto.last_chunk(tail))

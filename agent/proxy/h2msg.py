@@ -100,10 +100,18 @@ def method_path(headers: H2Headers) -> tuple[str, str]:
     return method.decode("latin-1"), path.decode("latin-1").partition("?")[0]
 
 
+_STATUS_CODES: Final = {b"%d" % code: code for code in range(100, 600)}  # status_of's fast path
+
+
 def status_of(headers: H2Headers) -> int:
     """The `:status` of a response; 0 when missing or not a number."""
     raw = header(headers, b":status")
-    return int(raw) if raw is not None and raw.isdigit() else 0
+    if raw is None:
+        return 0
+    code = _STATUS_CODES.get(raw)
+    if code is not None:
+        return code
+    return int(raw) if raw.isdigit() else 0
 
 
 def grpc_status(headers: H2Headers) -> int | None:

@@ -123,7 +123,7 @@ class H2Stream:
 
     # from the connection
     def push(self, item: Item) -> None:
-        if isinstance(item, End | Trailers):
+        if isinstance(item, (End, Trailers)):
             self.remote_ended = True
         self.items.append(item)
         self._wake()

@@ -403,7 +403,7 @@ async def _body_in(down: H2Stream, up: UpstreamConn, *, chunked: bool) -> None:
             down.ack(item.flow)
             if up.write_paused:
                 await up.drained()
-        elif isinstance(item, Trailers | End):
+        elif isinstance(item, (Trailers, End)):
             if chunked:
                 tail = item.headers if isinstance(item, Trailers) else None
                 tr.write(origproto.last_chunk(tail))

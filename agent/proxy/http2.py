@@ -416,7 +416,7 @@ async def _discard_rest(src: H2Stream) -> None:
         item = await src.next()
         if isinstance(item, Data):
             src.ack(item.flow)
-        elif isinstance(item, Trailers | End):
+        elif isinstance(item, (Trailers, End)):
             return
 
 
@@ -428,7 +428,7 @@ async def _drain_request(down: H2Stream) -> None:
                 item = await down.next()
                 if isinstance(item, Data):
                     down.ack(item.flow)
-                elif isinstance(item, Trailers | End):
+                elif isinstance(item, (Trailers, End)):
                     return
     except (TimeoutError, StreamGoneError):
         down.reset(NO_ERROR)

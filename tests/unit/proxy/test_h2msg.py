@@ -143,3 +143,20 @@ def test_routing_facts_are_what_routing_reads_in_one_pass() -> None:
     assert h2msg.routing_facts([]) == (None, None, None, None)
     assert not h2msg.is_grpc_type(None)
     assert not h2msg.is_grpc_type(b"text/plain")
+
+
+@given(st.binary(max_size=5))
+def test_status_of_reads_any_digits_and_gives_0_for_what_is_not_a_number(raw):
+    want = int(raw) if raw.isdigit() else 0
+    assert h2msg.status_of([(b":status", raw), (b"content-length", b"2")]) == want
+
+
+def test_status_of_every_three_digit_code_and_a_missing_status():
+    assert [h2msg.status_of([(b":status", b"%d" % c)]) for c in (100, 200, 404, 599)] == [
+        100,
+        200,
+        404,
+        599,
+    ]
+    assert h2msg.status_of([(b":status", b"0200")]) == 200
+    assert h2msg.status_of([(b"content-length", b"0")]) == 0
