@@ -165,16 +165,15 @@ def test_no_compiled_module_builds_a_union_for_isinstance():
     compiled code as in interpreted code, and checks it slowly; a tuple is checked inline.
     Regression (twenty-sixth pass): six such checks on the h2 path were 6% of a
     cross-node request's instructions."""
-    found = []
-    for src in native.sources():
-        for node in ast.walk(ast.parse(src.read_text())):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Name)
-                and node.func.id in ("isinstance", "issubclass")
-                and len(node.args) == 2
-                and isinstance(node.args[1], ast.BinOp)
-                and isinstance(node.args[1].op, ast.BitOr)
-            ):
-                found.append(f"{src.name}:{node.lineno}")
+    found = [
+        f"{src.name}:{node.lineno}"
+        for src in native.sources()
+        for node in ast.walk(ast.parse(src.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("isinstance", "issubclass")
+        and len(node.args) == 2
+        and isinstance(node.args[1], ast.BinOp)
+        and isinstance(node.args[1].op, ast.BitOr)
+    ]
     assert found == []
