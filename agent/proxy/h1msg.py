@@ -94,7 +94,10 @@ def request_head_bytes(
     """Serialize a request head (request line, headers, blank line) in one join."""
     parts = [method, b" ", target, b" HTTP/", version, b"\r\n"]
     for key, value in headers:
-        parts += (key, b": ", value, b"\r\n")
+        parts.append(key)  # four appends compile inline; `+=` a tuple is a generic call
+        parts.append(b": ")
+        parts.append(value)
+        parts.append(b"\r\n")
     parts.append(b"\r\n")
     return b"".join(parts)
 
@@ -110,7 +113,10 @@ def response_head_bytes(
         reason = REASONS.get(status, b"")
     parts = [b"HTTP/", version, b" ", b"%d" % status, b" ", reason, b"\r\n"]
     for key, value in headers:
-        parts += (key, b": ", value, b"\r\n")
+        parts.append(key)  # four appends compile inline; `+=` a tuple is a generic call
+        parts.append(b": ")
+        parts.append(value)
+        parts.append(b"\r\n")
     parts.append(b"\r\n")
     return b"".join(parts)
 

@@ -218,7 +218,7 @@ class Relay:
             if item is None:
                 return
             if not self._request_item(item):
-                down.items.appendleft(item)
+                down.unget(item)
                 self._request_to_task()
 
     def _request_item(self, item: Item) -> bool:
@@ -232,7 +232,7 @@ class Relay:
                 down.ack(item.flow)
                 if not end:
                     return True
-                down.items.popleft()
+                down.drop_end()
             elif isinstance(item, Trailers):
                 up.send_headers(item.headers, end=True)
             elif isinstance(item, End):
@@ -263,7 +263,7 @@ class Relay:
             if item is None:
                 return
             if not self._response_item(item):
-                up.items.appendleft(item)
+                up.unget(item)
                 self._response_to_task()
 
     def _response_item(self, item: Item) -> bool:
@@ -304,7 +304,7 @@ class Relay:
             return False
         up.ack(item.flow)
         if end:
-            up.items.popleft()
+            up.drop_end()
             self._finish(None)
         return True
 

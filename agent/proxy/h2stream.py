@@ -7,13 +7,16 @@ the stream is reset or its connection is gone); the stream's task takes it with
 served in callbacks (agent.proxy.h2serve) has a `sink` instead: whenever something is
 queued (a reset included) the connection calls it once, after the whole batch of frames
 it was read with (`H2Conn.touch`), and it takes what is queued with `next_now`.
+
+The queue is a list read from `_next` on, emptied whenever it is all read (so `items`
+is empty exactly when nothing is queued, and `items[-1]` is the last queued item): a
+list's append and index compile to inline code, a deque's methods to method calls.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -95,6 +98,7 @@ class H2Stream:
     """One stream: what the peer sent (queued), and sends that respect flow control."""
 
     __slots__ = (
+        "_next",
         "_waiter",
         "conn",
         "gone",
@@ -111,7 +115,8 @@ class H2Stream:
     def __init__(self, conn: H2Conn, sid: int) -> None:
         self.conn = conn
         self.sid = sid
-        self.items: deque[Item] = deque()
+        self.items: list[Item] = []  # queued from `_next` on (module docstring)
+        self._next = 0
         self._waiter: asyncio.Future[None] | None = None
         self.request: H2Headers = []  # server side: the request headers
         self.remote_ended = False
@@ -173,15 +178,31 @@ class H2Stream:
         return self._take() if self.items else None
 
     def _take(self) -> Item:
-        item = self.items.popleft()
+        items = self.items
+        item = items[self._next]
         if isinstance(item, Reset):
-            self.items.appendleft(item)  # stays gone
-            raise StreamGoneError(item.code)
+            raise StreamGoneError(item.code)  # stays queued: stays gone
+        self._next += 1
+        if self._next == len(items):
+            items.clear()
+            self._next = 0
         return item
+
+    def unget(self, item: Item) -> None:
+        """Queue `item`, just taken with `next_now`, first again."""
+        if self._next:
+            self._next -= 1
+            self.items[self._next] = item
+        else:
+            self.items.insert(0, item)
+
+    def drop_end(self) -> None:
+        """Drop the queued end (`peek_end` said it is next)."""
+        self._take()
 
     def peek_end(self) -> bool:
         """Whether the next item is the plain end of the stream (not trailers)."""
-        return bool(self.items) and isinstance(self.items[0], End)
+        return bool(self.items) and isinstance(self.items[self._next], End)
 
     def ack(self, flow: int) -> None:
         """Bytes of one DATA item were passed on: open the sender's window again (rule 2)."""
@@ -315,10 +336,11 @@ class H2Stream:
         self.on_reset = None
         self.sink = None
         self._waiter = None
-        for item in self.items:
+        for item in self.items[self._next :]:
             if isinstance(item, Data):
                 self.conn.ack(self.sid, item.flow)
         self.items.clear()
+        self._next = 0
         if self.gone is not None:
             self.items.append(Reset(self.gone))
 
@@ -339,7 +361,8 @@ class H2Stream:
     @property
     def bodiless(self) -> bool:
         """The peer ended the stream and nothing but the end is left to read."""
-        return self.remote_ended and len(self.items) == 1 and isinstance(self.items[0], End)
+        items = self.items
+        return self.remote_ended and len(items) == self._next + 1 and isinstance(items[-1], End)
 
     def _check(self) -> None:
         if self.gone is not None:

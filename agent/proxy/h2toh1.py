@@ -141,7 +141,7 @@ class Downgrade:
         assert tr is not None  # noqa: S101 - pooled connections are connected
         conn.begin_with(DownExchange(self, down, conn, t0, in_ctx, spawn), request.method)
         tr.write(request.head_bytes(end=True)[0])
-        down.items.popleft()  # the end
+        down.drop_end()
         return True
 
     def headers_for(self, resp: ResponseHead) -> h2msg.H2Headers:
@@ -175,7 +175,7 @@ class Downgrade:
         try:
             tr.write(head)
             if bodiless:
-                down.items.popleft()  # the end
+                down.drop_end()
             else:
                 await _body_in(down, conn, chunked=chunked)
         except BaseException:

@@ -406,7 +406,7 @@ async def _forward(src: H2Stream, dst: H2Stream, item: Data) -> bool:
     finally:
         src.ack(item.flow)
     if end and src.peek_end():
-        src.items.popleft()
+        src.drop_end()
     return end
 
 
