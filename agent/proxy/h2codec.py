@@ -86,7 +86,7 @@ class H2Codec(Receiver):
             raise H2StreamClosedError(sid)
         self._next_sid += 2
         st = self._streams[sid] = Stream(self._peer_window, self._recv_initial)
-        st.bodiless = (b":method", b"HEAD") in headers
+        st.bodiless = _is_head(headers)
         self.send_headers(sid, headers, end=end)
         return sid
 
@@ -164,3 +164,14 @@ class H2Codec(Receiver):
         if self._streams.pop(sid, None) is None:
             raise H2StreamClosedError(sid)
         self._out += f.frame(f.RST_STREAM, 0, sid, code.to_bytes(4, "big"))
+
+
+def _is_head(headers: Headers) -> bool:
+    """Whether request `headers` say `:method: HEAD`, read from the pseudo-header fields
+    only: they come first (RFC 9113 8.3), so the scan stops at the first regular one."""
+    for name, value in headers:
+        if name == b":method":
+            return value == b"HEAD"
+        if not name.startswith(b":"):
+            return False
+    return False

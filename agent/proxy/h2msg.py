@@ -39,6 +39,7 @@ GRPC_PERMISSION_DENIED: Final = 7
 GRPC_UNAVAILABLE: Final = 14
 CLIENT_ID: Final = b"l5d-client-id"
 _GRPC_FOR_STATUS: Final = {403: GRPC_PERMISSION_DENIED, 404: 12, 504: GRPC_DEADLINE_EXCEEDED}
+_QUERY: Final = 0x3F  # "?", as a byte value (`routing_facts`)
 _SECRET: Final = frozenset((b"authorization", b"proxy-authorization"))
 _SHORT_COOKIE: Final = 20  # shorter cookies are guessable through the HPACK table (as nghttp2)
 
@@ -84,7 +85,8 @@ def routing_facts(headers: H2Headers) -> RoutingFacts:
                 method = value
         elif key == b":path":
             if path is None:
-                path = value.partition(b"?")[0] if b"?" in value else value
+                # An int: `b"?" in value` first tries the bytes as an index and raises.
+                path = value.partition(b"?")[0] if _QUERY in value else value
         elif key == b"l5d-dst-override":
             if override is None:
                 override = value

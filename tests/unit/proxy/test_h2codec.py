@@ -1808,3 +1808,20 @@ def test_settings_that_grow_the_stream_windows_yield_window_updated() -> None:
     assert cli.receive(settings_frame({f.INITIAL_WINDOW_SIZE: 1000})) == []
     assert cli.receive(settings_frame({f.INITIAL_WINDOW_SIZE: 2000})) == [WindowUpdated()]
     assert cli.window(sid) == 2000
+
+
+@pytest.mark.parametrize(
+    ("headers", "bodiless"),
+    [
+        ([(b":method", b"HEAD"), (b":path", b"/"), (b"accept", b"*/*")], True),
+        ([(b":scheme", b"http"), (b":method", b"HEAD"), (b":path", b"/")], True),
+        ([(b":method", b"GET"), (b":path", b"/"), (b"x-method", b"HEAD")], False),
+        ([(b":path", b"/"), (b"accept", b"*/*"), (b":method", b"HEAD")], False),  # misplaced
+        ([], False),
+    ],
+)
+def test_a_head_request_is_known_from_its_pseudo_header_fields(headers, bodiless):
+    cli = codec(client_side=True)
+    cli.initiate()
+    sid = cli.open_stream(headers, end=True)
+    assert cli._streams[sid].bodiless is bodiless  # what the response may carry

@@ -141,6 +141,8 @@ def test_routing_facts_are_what_routing_reads_in_one_pass() -> None:
     assert h2msg.routing_facts(other) == facts
     assert h2msg.routing_facts([(b":method", b"GET"), *headers[1:]]) != facts
     assert h2msg.routing_facts([]) == (None, None, None, None)
+    for path, plain in ((b"/plain", b"/plain"), (b"/?", b"/"), (b"?q", b"")):
+        assert h2msg.routing_facts([(b":path", path)])[1] == plain
     assert not h2msg.is_grpc_type(None)
     assert not h2msg.is_grpc_type(b"text/plain")
 
