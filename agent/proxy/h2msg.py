@@ -41,6 +41,10 @@ CLIENT_ID: Final = b"l5d-client-id"
 _GRPC_FOR_STATUS: Final = {403: GRPC_PERMISSION_DENIED, 404: 12, 504: GRPC_DEADLINE_EXCEEDED}
 _QUERY: Final = 0x3F  # "?", as a byte value (`routing_facts`)
 _SECRET: Final = frozenset((b"authorization", b"proxy-authorization"))
+_SECRET_SIZE: Final = len(b"authorization")  # `protect` looks closer only at these lengths
+_PROXY_SECRET_SIZE: Final = len(b"proxy-authorization")
+_COOKIE_SIZE: Final = len(b"cookie")
+_CLIENT_ID_SIZE: Final = len(CLIENT_ID)
 _SHORT_COOKIE: Final = 20  # shorter cookies are guessable through the HPACK table (as nghttp2)
 
 
@@ -124,7 +128,15 @@ def grpc_status(headers: H2Headers) -> int | None:
 
 def with_client_id(headers: H2Headers, identity: str | None) -> H2Headers:
     """Drop any `l5d-client-id`; add the verified `identity` when there is one (rule 2)."""
-    out: H2Headers = [item for item in _fields(headers) if item[0] != CLIENT_ID]
+    out: list[Any] = []
+    for item in _fields(headers):
+        if isinstance(item, tuple):  # read as a tuple: compiled, no generic item lookup
+            key: bytes = item[0]
+            if len(key) == _CLIENT_ID_SIZE and key == CLIENT_ID:
+                continue
+        elif item[0] == CLIENT_ID:
+            continue
+        out.append(item)
     if identity is not None:
         out.append((CLIENT_ID, identity.encode("ascii")))
     return out
@@ -137,7 +149,14 @@ def protect(headers: H2Headers) -> H2Headers:
     """
     out: list[Any] | None = None
     for i, item in enumerate(_fields(headers)):
-        key, value = item[0], item[1]
+        if isinstance(item, tuple):  # read as a tuple: compiled, no generic item lookup
+            key: bytes = item[0]
+            size = len(key)  # only three names can need it: most fields stop here
+            if size not in (_SECRET_SIZE, _PROXY_SECRET_SIZE, _COOKIE_SIZE):
+                continue
+            value: bytes = item[1]
+        else:
+            key, value = item[0], item[1]
         if (key in _SECRET or (key == b"cookie" and len(value) < _SHORT_COOKIE)) and not (
             isinstance(item, NeverIndexedHeaderTuple)
         ):

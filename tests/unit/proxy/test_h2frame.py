@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent.proxy import h2frame as f
 from agent.proxy.h2frame import ErrorCode
@@ -274,3 +277,24 @@ def test_the_memory_of_well_formed_fields_is_bounded() -> None:
     for i in range(f._GOOD_MAX + 10):
         assert f.check_trailers([(b"x-n", b"%d" % i)]) is None
     assert 0 < len(f._GOOD) <= f._GOOD_MAX
+
+
+@given(
+    st.integers(0, 255),
+    st.integers(0, 255),
+    st.integers(0, (1 << 31) - 1),
+    st.binary(max_size=300),
+)
+def test_a_frame_is_its_nine_byte_header_then_its_payload(ftype, flags, sid, payload):
+    size = len(payload)
+    want = struct.pack(">HBBBL", size >> 8, size & 0xFF, ftype, flags, sid) + payload
+    assert f.frame(ftype, flags, sid, payload) == want
+
+
+def test_a_frame_field_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="bytes must be in range"):
+        f.frame(256, 0, 1)
+    with pytest.raises(ValueError, match="bytes must be in range"):
+        f.frame(0, 0, 1 << 32)
+    with pytest.raises(ValueError, match="over 16777215"):
+        f.frame(0, 0, 1, b"x" * (1 << 24))

@@ -162,3 +162,36 @@ def test_status_of_every_three_digit_code_and_a_missing_status():
     ]
     assert h2msg.status_of([(b":status", b"0200")]) == 200
     assert h2msg.status_of([(b"content-length", b"0")]) == 0
+
+
+_NAMES = st.sampled_from(
+    [b"authorization", b"authorizatioX", b"proxy-authorization", b"cookie", b"cookiX",
+     b"l5d-client-id", b"l5d-client-iX", b":path", b"x-other"]
+)  # fmt: skip
+_FIELDS = st.lists(
+    st.tuples(_NAMES, st.binary(max_size=30)).map(
+        lambda kv: NeverIndexedHeaderTuple(*kv) if kv[1][:1] == b"n" else kv
+    ),
+    max_size=8,
+)
+
+
+@given(_FIELDS)
+def test_protect_marks_exactly_the_credentials_and_short_cookies_not_yet_marked(headers):
+    out = h2msg.protect(headers)
+    for before, after in zip(headers, out, strict=True):
+        key, value = before
+        secret = key in (b"authorization", b"proxy-authorization")
+        wanted = secret or (key == b"cookie" and len(value) < 20)
+        assert tuple(after) == tuple(before)
+        assert isinstance(after, NeverIndexedHeaderTuple) == (
+            wanted or isinstance(before, NeverIndexedHeaderTuple)
+        )
+
+
+@given(_FIELDS, st.sampled_from([None, "web.shop"]))
+def test_with_client_id_drops_only_that_name_and_adds_the_identity(headers, identity):
+    out = h2msg.with_client_id(headers, identity)
+    kept = [h for h in headers if h[0] != b"l5d-client-id"]
+    added = [] if identity is None else [(b"l5d-client-id", b"web.shop")]
+    assert [tuple(h) for h in out] == [tuple(h) for h in kept] + added
