@@ -85,14 +85,7 @@ class ErrorCode(enum.IntEnum):
 def frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     """One frame: the 9-byte header, then `payload`."""
     size = len(payload)
-    if size > MAX_FRAME_LIMIT:
-        msg = f"a frame payload of {size} bytes is over {MAX_FRAME_LIMIT}"
-        raise ValueError(msg)
-    # Bytes from a tuple of small ints: compiled, no method call by name (`HEADER.pack`);
-    # a type, flags or stream id out of range raises ValueError, as pack did struct.error.
-    header = (size >> 16, size >> 8 & 0xFF, size & 0xFF, ftype, flags, sid >> 24,
-              sid >> 16 & 0xFF, sid >> 8 & 0xFF, sid & 0xFF)  # fmt: skip
-    return bytes(header) + payload
+    return HEADER.pack(size >> 8, size & 0xFF, ftype, flags, sid) + payload
 
 
 def settings_payload(values: dict[int, int]) -> bytes:
