@@ -289,4 +289,3 @@ def test_a_frame_is_its_nine_byte_header_then_its_payload(ftype, flags, sid, pay
     size = len(payload)
     want = struct.pack(">HBBBL", size >> 8, size & 0xFF, ftype, flags, sid) + payload
     assert f.frame(ftype, flags, sid, payload) == want
-
