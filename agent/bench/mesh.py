@@ -46,13 +46,14 @@ NAMESPACE = "bench"
 INJECT = {"linkerd.io/inject": "enabled"}
 _UID_NS = uuid.UUID("0b7c1f52-8f0e-4c4e-9d0b-6a3e5b1c2d47")
 READY_S = 60.0
-WRAP_ENV = "MESHAGENT_WORKER_WRAP"  # agent.proxy.pool.WRAP_ENV (the proxy stays out of the bench)
 WRAPPED_READY_S = 900.0  # wrapped workers (agent.bench.callgrind) start far slower
 
 
 def ready_s() -> float:
     """How long a node agent may take to become ready: longer with wrapped workers."""
-    return WRAPPED_READY_S if os.environ.get(WRAP_ENV) else READY_S
+    from agent.bench.callgrind import ENV  # noqa: PLC0415 - the wrap's one name
+
+    return WRAPPED_READY_S if os.environ.get(ENV) else READY_S
 
 
 class MeshError(AgentError):
