@@ -47,6 +47,13 @@ Rules:
    slowly, where a tuple of native classes is checked inline (6% of a cross-node
    request's instructions on the h2 path, `meshagent bench --icount`; bench/RESULTS.md,
    twenty-sixth pass).
+10. What a C module returns is `Any`: `Struct.unpack_from` gives a tuple of objects, and
+   every shift, mask, compare and slice on its fields is then a generic call. A fixed
+   binary header is read by indexing `bytes` (one C read of a small int each) and
+   written with `int.to_bytes`. h2recv's frame header so read took 5k instructions
+   off each h2 request on each side (bench/RESULTS.md, twenty-seventh pass). Likewise
+   a float compared per request is kept as a float: an int read as a C double goes
+   through its `__float__` (the latency buckets, `admin.metrics.Histogram`).
 """
 
 from __future__ import annotations

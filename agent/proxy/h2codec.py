@@ -137,7 +137,7 @@ class H2Codec(Receiver):
         st.send -= size
         self._send_conn -= size
         out = self._out
-        out += f.HEADER.pack(size >> 8, size & 0xFF, f.DATA, f.END_STREAM if end else 0, sid)
+        out += f.frame_head(size, f.DATA, f.END_STREAM if end else 0, sid)
         out += data
         if end:
             self._local_end(sid, st)

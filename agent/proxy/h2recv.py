@@ -75,10 +75,18 @@ class Receiver(CodecState):
             self._preface = False
             pos = len(f.PREFACE)
         end = len(data)
-        unpack = f.HEADER.unpack_from
         while end - pos >= f.HEADER_SIZE:
-            hi, lo, ftype, flags, sid = unpack(data, pos)
-            size = (hi << 8) | lo
+            # The 9-byte header read byte by byte: compiled, each is a C read of a small
+            # int, where `Struct.unpack_from` is a generic call returning a tuple of objects.
+            size = (data[pos] << 16) | (data[pos + 1] << 8) | data[pos + 2]
+            ftype = data[pos + 3]
+            flags = data[pos + 4]
+            sid = (
+                ((data[pos + 5] & 0x7F) << 24)
+                | (data[pos + 6] << 16)
+                | (data[pos + 7] << 8)
+                | data[pos + 8]
+            )
             if size > f.DEFAULT_MAX_FRAME:
                 raise H2ConnectionError(ErrorCode.FRAME_SIZE_ERROR, f"frame of {size} bytes")
             if end - pos - f.HEADER_SIZE < size:
@@ -86,7 +94,6 @@ class Receiver(CodecState):
             start = pos + f.HEADER_SIZE
             pos = start + size
             payload = data[start:pos]
-            sid &= f.SID_MASK
             try:
                 self._frame(ftype, flags, sid, payload, events)
             except StreamError as err:

@@ -177,3 +177,16 @@ def test_no_compiled_module_builds_a_union_for_isinstance():
         and isinstance(node.args[1].op, ast.BitOr)
     ]
     assert found == []
+
+
+def test_no_compiled_module_unpacks_a_struct():
+    """agent.native rule 10: `Struct.unpack`/`unpack_from` return a tuple of objects, and
+    the compiled code's arithmetic on them is then generic. Regression (twenty-seventh
+    pass): h2recv's frame header so read was 5k instructions of each h2 request."""
+    found = [
+        f"{src.name}:{node.lineno}"
+        for src in native.sources()
+        for node in ast.walk(ast.parse(src.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr in ("unpack", "unpack_from")
+    ]
+    assert found == []

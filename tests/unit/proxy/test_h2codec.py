@@ -1320,6 +1320,19 @@ def test_a_new_request_on_a_lower_stream_id_is_stream_closed_without_an_event() 
     assert parse(srv.data_to_send()) == [rst(3, ErrorCode.STREAM_CLOSED)]
 
 
+def test_the_reserved_bit_of_a_stream_id_is_ignored_on_receipt() -> None:
+    # RFC 9113 4.1: the bit above the 31-bit id "MUST be ignored when receiving".
+    srv = ready_server()
+    enc = hpack.Encoder()
+    frame = bytearray(hdrs(enc, 3, GET) + data(3, b"abc", end=True))
+    frame[5] |= 0x80
+    second = len(frame) - (f.HEADER_SIZE + 3)
+    frame[second + 5] |= 0x80
+    events = srv.receive(bytes(frame))
+    assert [ev.sid for ev in only(events, RequestReceived)] == [3]
+    assert [(ev.sid, ev.data) for ev in only(events, DataReceived)] == [(3, b"abc")]
+
+
 def test_stream_window_update_of_0_or_past_2_31_resets_only_that_stream() -> None:
     srv = ready_server()
     enc = hpack.Encoder()
