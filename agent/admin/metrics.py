@@ -178,7 +178,9 @@ class Histogram:
     __slots__ = ("bounds", "counts", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
+        # As floats: `bucket` reads them as C doubles, and an int bound (families.py
+        # writes them so) would be converted through its `__float__` at every read.
+        self.bounds = tuple(float(b) for b in bounds)
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
 

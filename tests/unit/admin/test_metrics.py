@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.admin.aggregate import Exposition, MetricsAggregator, render
 from agent.admin.families import FAMILIES, FORBIDDEN_LABELS, LATENCY_MS_BUCKETS
 from agent.admin.metrics import (
+    Histogram,
     PodMeta,
     Ref,
     Tls,
@@ -546,6 +547,20 @@ def test_exposition_merges_sources_and_survives_a_failing_one():
 )
 def test_bucket_is_bisect_left(bounds: tuple[float, ...], v: float) -> None:
     assert bucket(bounds, v) == bisect.bisect_left(bounds, v)
+
+
+def test_a_histogram_keeps_its_bounds_as_floats_and_counts_as_with_the_given_ones() -> None:
+    # agent.native rule 10: the families write their bounds as ints; a histogram keeps
+    # floats, so the compiled `bucket` reads C doubles without calling `__float__`.
+    hist = Histogram(LATENCY_MS_BUCKETS)
+    assert all(type(b) is float for b in hist.bounds)
+    assert hist.bounds == LATENCY_MS_BUCKETS
+    for v in (0.2, 1, 1.5, 50, 50.01, 49999.0, 1e9):
+        hist.observe(v)
+    expected = [0] * (len(LATENCY_MS_BUCKETS) + 1)
+    for v in (0.2, 1, 1.5, 50, 50.01, 49999.0, 1e9):
+        expected[bisect.bisect_left(LATENCY_MS_BUCKETS, v)] += 1
+    assert hist.counts == expected
 
 
 def test_bucket_puts_a_latency_on_each_bound_in_that_bounds_bucket() -> None:
