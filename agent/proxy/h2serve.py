@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from agent.proxy.h2pool import H2Pool
     from agent.proxy.h2stream import Item
+    from agent.proxy.record import BoundHttp, Labels
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ async def serve(
 class Starter:
     """Starts each new request stream of one client connection: a `Relay`, or a task."""
 
-    __slots__ = ("count", "direction", "in_ctx", "pool", "relayed", "router", "tasks")
+    __slots__ = ("count", "direction", "in_ctx", "pool", "relayed", "router", "tally", "tasks")
 
     def __init__(self, router: http2.StreamRouter, pool: H2Pool, tasks: aio.TaskSet) -> None:
         self.router = router
@@ -110,6 +111,7 @@ class Starter:
         self.in_ctx: Callable[..., Any] = contextvars.copy_context().run
         self.count = 0
         self.relayed = 0  # streams begun in callbacks
+        self.tally: BoundHttp | None = None  # `exchanged`'s, bound in the connection's context
 
     def start(self, down: H2Stream) -> None:
         self.count += 1
@@ -144,9 +146,8 @@ class Starter:
         if got.timeout_s is None:
             if got.h1 is not None:
                 way, request = got.h1
-                if way.serve_now(down, request, t0, self.in_ctx, self.spawn):
-                    recorder().request(self.direction, got.labels)
-                    self.relayed += 1
+                if way.serve_now(down, request, t0, self):
+                    self.relayed += 1  # its request is counted with its response (h2toh1)
                     return
             else:
                 up = self.pool.stream_now(got.key, got.headers, end=down.bodiless)
@@ -156,6 +157,14 @@ class Starter:
         recorder().request(self.direction, got.labels)
         self.relayed += 1
         Relay(self, down, up, got, head, t0).begin()
+
+    def exchanged(self, labels: Labels, status: int, latency_s: float, failure: bool) -> None:
+        """A stream served in callbacks was answered: its request and response counted at
+        once through the connection's bound handle (record rule 5), in its context."""
+        tally = self.tally
+        if tally is None or tally.labels is not labels:
+            tally = self.tally = recorder().bind_http(self.direction, labels)
+        tally.exchange(status, latency_s, failure)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """A task for (the rest of) a stream, in the connection's context as it is now."""

@@ -30,6 +30,11 @@ Rules:
    still arriving goes on in a task (`rest`) with what came so far, as does a
    body the stream's window does not take at once. Callbacks run in the client
    connection's context with `record.REQUEST` set to the stream's request.
+6. Metrics: a stream served in a task had its request counted by agent.proxy.http2 and
+   counts its response here (`record`). One served in callbacks counts both here: at
+   once with its response through the connection's bound handle (h2serve's
+   `Starter.exchanged`, record rule 5), or the request alone where it fails or goes on
+   in a task (`counted`).
 """
 
 from __future__ import annotations
@@ -47,12 +52,11 @@ from agent.proxy.record import REQUEST, recorder
 from agent.proxy.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine, Hashable
+    from collections.abc import Coroutine, Hashable
 
+    from agent.proxy.h2serve import Starter
     from agent.proxy.record import Labels
     from agent.proxy.upstream import ConnPool, TransportOpener
-
-    Spawn = Callable[[Coroutine[Any, Any, None]], None]
 
 
 def _decoding_conn() -> UpstreamConn:
@@ -126,8 +130,7 @@ class Downgrade:
         down: H2Stream,
         request: origproto.Downgraded,
         t0: float,
-        in_ctx: Callable[..., Any],
-        spawn: Spawn,
+        starter: Starter,
     ) -> bool:
         """`serve` in callbacks (rule 5): False, with nothing done, when the stream has a
         body or no app connection is idle."""
@@ -139,7 +142,7 @@ class Downgrade:
         conn = cast("UpstreamConn", up)
         tr = conn.transport
         assert tr is not None  # noqa: S101 - pooled connections are connected
-        conn.begin_with(DownExchange(self, down, conn, t0, in_ctx, spawn), request.method)
+        conn.begin_with(DownExchange(self, down, conn, t0, starter), request.method)
         tr.write(request.head_bytes(end=True)[0])
         down.drop_end()
         return True
@@ -231,10 +234,15 @@ class Downgrade:
         self.record(exc.status, latency_s)
 
     def record(self, status: int, latency_s: float) -> None:
+        """The response of a stream whose request was counted already (rule 6)."""
         failure = classify(None, status, None)
         recorder().response(
             "inbound", self.labels, status=status, latency_s=latency_s, failure=failure
         )
+
+    def counted(self) -> None:
+        """The request of a callback stream that is not answered in callbacks (rule 6)."""
+        recorder().request("inbound", self.labels)
 
 
 class DownExchange:
@@ -249,27 +257,21 @@ class DownExchange:
         "parts",
         "request",
         "resp",
-        "spawn",
+        "starter",
         "t0",
         "up",
         "way",
     )
 
-    def __init__(  # noqa: PLR0913, PLR0917 - the facts of one stream
-        self,
-        way: Downgrade,
-        down: H2Stream,
-        up: UpstreamConn,
-        t0: float,
-        in_ctx: Callable[..., Any],
-        spawn: Spawn,
+    def __init__(
+        self, way: Downgrade, down: H2Stream, up: UpstreamConn, t0: float, starter: Starter
     ) -> None:
         self.way = way
         self.down = down
         self.up = up
         self.t0 = t0
-        self.in_ctx = in_ctx  # the client connection's bound `Context.run`
-        self.spawn = spawn
+        self.starter = starter  # the client connection's: its tasks and bound handle
+        self.in_ctx = starter.in_ctx  # the client connection's bound `Context.run`
         self.request = REQUEST.get()  # the stream's, set by the caller in `in_ctx`
         self.resp: ResponseHead | None = None
         self.parts: list[bytes | memoryview] = []
@@ -333,12 +335,17 @@ class DownExchange:
             up.abort()
             down.reset(CANCEL)
             down.close()
+            REQUEST.set(self.request)
+            way.counted()
             return
         way.release(up, resp)
         REQUEST.set(self.request)
-        way.record(resp.status, down.conn.loop.time() - self.t0)
+        status = resp.status
+        self.starter.exchanged(
+            way.labels, status, down.conn.loop.time() - self.t0, classify(None, status, None)
+        )
         if rest:  # the window did not take the body at once, or trailers follow it
-            self.spawn(_then_close(down, _last(down, body, tail)))
+            self.starter.spawn(_then_close(down, _last(down, body, tail)))
         else:
             down.close()
 
@@ -349,6 +356,7 @@ class DownExchange:
         up.finish()
         up.abort()
         REQUEST.set(self.request)
+        self.way.counted()
         try:
             self.way.fail(down, err, down.conn.loop.time() - self.t0)
         except StreamGoneError:
@@ -367,7 +375,8 @@ class DownExchange:
         exch.head.set_result(resp)
         up.exch = exch
         REQUEST.set(self.request)
-        self.spawn(_then_close(down, self.way.rest(down, up, exch, resp, self.t0)))
+        self.way.counted()
+        self.starter.spawn(_then_close(down, self.way.rest(down, up, exch, resp, self.t0)))
 
 
 async def _then_close(down: H2Stream, work: Coroutine[Any, Any, None]) -> None:

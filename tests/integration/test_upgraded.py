@@ -223,6 +223,15 @@ def test_keepalive_requests_go_upgraded_and_back_in_callbacks(run: Run) -> None:
         assert [c[2].target for c in outbound if c[0] == "request"] == [
             b"/r%d" % i for i in range(20)
         ]
+        # The inbound (whose connection task sets no CONN here) counted each stream's
+        # request once, with the stream's head in context, then its response: the first
+        # in the task path, the others at once through the bound handle (h2toh1 rule 6).
+        inbound = [c for c in seen.calls if c[1] is None]
+        assert [c[0] for c in inbound] == ["request", "response"] * 20
+        assert [c[2].target for c in inbound if c[0] == "request"] == [
+            b"/r%d" % i for i in range(20)
+        ]
+        assert [c[2] for c in inbound if c[0] == "response"] == [200] * 20
 
     run(body)
 
@@ -230,16 +239,30 @@ def test_keepalive_requests_go_upgraded_and_back_in_callbacks(run: Run) -> None:
 def test_an_app_that_closes_unanswered_gets_502_and_the_connection_goes_on(run: Run) -> None:
     async def body() -> None:
         script = lambda path: None if path == b"/close" else _ok(path)  # noqa: E731
-        async with _world(script) as world:
-            reader, writer = await asyncio.open_connection(HOST, world.port)
-            assert (await _get(reader, writer, b"/warm"))[0] == 200
-            status, head, _ = await _get(reader, writer, b"/close")
-            assert status == 502
-            assert b"l5d-proxy-error" in head.lower()
-            assert (await _get(reader, writer, b"/after"))[2] == b"/after"
-            assert world.conns[0].callback_requests == 2
-            writer.close()
-            await writer.wait_closed()
+        seen = _Seen()
+        saved, record.RECORDER = record.RECORDER, seen
+        try:
+            async with _world(script) as world:
+                reader, writer = await asyncio.open_connection(HOST, world.port)
+                assert (await _get(reader, writer, b"/warm"))[0] == 200
+                status, head, _ = await _get(reader, writer, b"/close")
+                assert status == 502
+                assert b"l5d-proxy-error" in head.lower()
+                assert (await _get(reader, writer, b"/after"))[2] == b"/after"
+                assert world.conns[0].callback_requests == 2
+                writer.close()
+                await writer.wait_closed()
+        finally:
+            record.RECORDER = saved
+        # The failed callback stream counts its request and its 502 once each, as the
+        # answered ones do (h2toh1 rule 6).
+        inbound = [c for c in seen.calls if c[1] is None]
+        assert [c[2].target for c in inbound if c[0] == "request"] == [
+            b"/warm",
+            b"/close",
+            b"/after",
+        ]
+        assert [c[2] for c in inbound if c[0] == "response"] == [200, 502, 200]
 
     run(body)
 
@@ -247,18 +270,28 @@ def test_an_app_that_closes_unanswered_gets_502_and_the_connection_goes_on(run: 
 def test_a_large_response_to_a_slow_reader_arrives_whole(run: Run) -> None:
     async def body() -> None:
         big = bytes(range(256)) * 8192  # 2 MiB: past the client's high water
-        async with _world(lambda path: _ok(big) if path == b"/big" else _ok(path)) as world:
-            reader, writer = await asyncio.open_connection(HOST, world.port, limit=1 << 16)
-            await _get(reader, writer, b"/warm")
-            writer.write(b"GET /big HTTP/1.1\r\nHost: web\r\n\r\n")
-            await asyncio.sleep(0.3)  # let buffers fill: the rest must wait for the client
-            [(status, _, got)] = await _read_responses(reader, 1)
-            assert status == 200
-            assert got == big
-            assert (await _get(reader, writer, b"/next"))[2] == b"/next"
-            assert world.conns[0].callback_requests == 2
-            writer.close()
-            await writer.wait_closed()
+        seen = _Seen()
+        saved, record.RECORDER = record.RECORDER, seen
+        try:
+            async with _world(lambda p: _ok(big) if p == b"/big" else _ok(p)) as world:
+                reader, writer = await asyncio.open_connection(HOST, world.port, limit=1 << 16)
+                await _get(reader, writer, b"/warm")
+                writer.write(b"GET /big HTTP/1.1\r\nHost: web\r\n\r\n")
+                await asyncio.sleep(0.3)  # let buffers fill: the rest must wait for the client
+                [(status, _, got)] = await _read_responses(reader, 1)
+                assert status == 200
+                assert got == big
+                assert (await _get(reader, writer, b"/next"))[2] == b"/next"
+                assert world.conns[0].callback_requests == 2
+                writer.close()
+                await writer.wait_closed()
+        finally:
+            record.RECORDER = saved
+        # The big response went on in a task from the callbacks: its request and its
+        # response are each counted once all the same (h2toh1 rule 6).
+        inbound = [c for c in seen.calls if c[1] is None]
+        assert [c[0] for c in inbound] == ["request", "response"] * 3
+        assert [c[2].target for c in inbound if c[0] == "request"] == [b"/warm", b"/big", b"/next"]
 
     run(body)
 
