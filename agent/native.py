@@ -54,6 +54,10 @@ Rules:
    off each h2 request on each side (bench/RESULTS.md, twenty-seventh pass). Likewise
    a float compared per request is kept as a float: an int read as a C double goes
    through its `__float__` (the latency buckets, `admin.metrics.Histogram`).
+11. What the request path reads of the worker is compiled too: its state copy
+   (`WorkerState`, agent.proxy.wstate), whose `generation` every per-connection memo
+   checks and whose `get` the routers call. The interpreted `Worker` holds it; reading
+   an interpreted object's attribute is a generic lookup by name.
 """
 
 from __future__ import annotations
@@ -115,6 +119,7 @@ MODULES = (
     ("proxy", "tlsio"),
     ("proxy", "upstream"),
     ("proxy", "writes"),
+    ("proxy", "wstate"),
     ("admin", "labelsets"),
     ("admin", "metrics"),
     ("admin", "observe"),

@@ -32,12 +32,11 @@ Rules:
    become events in a bounded ring (`agent.admin.tapping`; the oldest are
    dropped and counted), flushed as `TapEvents` every `TAP_FLUSH_S`; traffic
    never waits.
-6. No call into the interpreted worker per request: `WorkerState` is plain
-   Python (agent.proxy.worker), so the taps are read from it only when its
-   `generation` moved (`taps_now`), for bound and unbound calls alike; the h2
-   and upgraded paths record unbound, and each of their responses called
-   `WorkerState.get` (found by counting interpreted calls under load:
-   `agent.bench.interp`).
+6. The taps are read from the worker's state (`WorkerState`, agent.proxy.wstate)
+   only when its `generation` moved (`taps_now`), for bound and unbound calls alike:
+   when the state was interpreted, each h2 response called `WorkerState.get` (found
+   by counting interpreted calls under load: `agent.bench.interp`); compiled now, a
+   lookup per response would still hash the key.
 """
 
 from __future__ import annotations

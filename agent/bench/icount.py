@@ -189,7 +189,7 @@ def observe() -> Callable[[], int]:
     function that tells how many requests it has counted (`request_total`)."""
     from agent.admin.observe import Observer  # noqa: PLC0415 - only when asked
     from agent.proxy import record  # noqa: PLC0415
-    from agent.proxy.worker import WorkerState  # noqa: PLC0415
+    from agent.proxy.wstate import WorkerState  # noqa: PLC0415
 
     worker = SimpleNamespace(worker_id=0, state=WorkerState(lambda _need: None))
     observer = Observer(worker)  # type: ignore[arg-type]

@@ -56,7 +56,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,7 @@ from agent.proxy import channel as ch
 from agent.proxy import record, tcp
 from agent.proxy.listener import LISTEN_BACKLOG, ListenerKind, UpstreamSockets
 from agent.proxy.pool import H2_LANES, H2_UPGRADE_MODES
+from agent.proxy.wstate import WorkerState
 from agent.redirect.model import PROXY_MARK
 
 logger = logging.getLogger(__name__)
@@ -151,62 +152,6 @@ class Conn:
 
 
 Handler = Callable[[Conn], Awaitable[None]]
-
-
-class WorkerState:
-    """The worker's copy of the supervisor's state: opaque values by key."""
-
-    def __init__(self, ask: Callable[[ch.Need], None]) -> None:
-        self.generation = 0  # bumped by every change: per-connection memos check it
-        self._values: dict[Hashable, Any] = {}
-        self._waiters: dict[Hashable, list[asyncio.Future[Any]]] = {}
-        self._asked: set[Hashable] = set()
-        self._ask = ask
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._values
-
-    def __getitem__(self, key: Hashable) -> Any:
-        return self._values[key]
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def get(self, key: Hashable, default: Any = None) -> Any:
-        return self._values.get(key, default)
-
-    def apply(self, msg: ch.StateUpdate | ch.StateDelete) -> None:
-        """Apply one update from the supervisor; wake `want`ers of that key."""
-        self.generation += 1
-        if isinstance(msg, ch.StateDelete):
-            self._values.pop(msg.key, None)
-            return
-        self._values[msg.key] = msg.value
-        self._asked.discard(msg.key)
-        for fut in self._waiters.pop(msg.key, ()):
-            if not fut.done():
-                fut.set_result(msg.value)
-
-    async def want(self, key: Hashable, *, kind: str, wait_s: float) -> Any:
-        """The value of `key`, asking the supervisor once (`Need(kind, key)`) if absent.
-
-        Raises:
-            TimeoutError: no value arrived within `wait_s` seconds.
-        """
-        if key in self._values:
-            return self._values[key]
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(key, []).append(fut)
-        if key not in self._asked:
-            self._asked.add(key)
-            self._ask(ch.Need(kind=kind, key=key))
-        try:
-            async with asyncio.timeout(wait_s):
-                return await fut
-        finally:
-            waiters = self._waiters.get(key)
-            if waiters and fut in waiters:
-                waiters.remove(fut)
 
 
 # --- default handler: opaque relay to the original destination --------------------

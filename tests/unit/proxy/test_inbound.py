@@ -27,7 +27,7 @@ from agent.proxy import channel as ch
 from agent.proxy import h1msg, http1, record
 from agent.proxy.detect import NEED_MORE
 from agent.proxy.inbound import _PLAIN, AuthzCache, _sniff_tls, authorize_http, deny_answer, path_of
-from agent.proxy.worker import WorkerState
+from agent.proxy.wstate import WorkerState
 
 
 def _client_hello(sni: str | None) -> bytes:
