@@ -56,6 +56,8 @@ from agent.proxy.record import recorder
 from agent.proxy.upstream import UpstreamError
 
 if TYPE_CHECKING:
+    from collections.abc import Hashable
+
     from agent.proxy.h1plan import Plan, Target
     from agent.proxy.h2msg import H2Headers
     from agent.proxy.h2pool import H2Pool
@@ -98,6 +100,18 @@ class Memo:
         return headers
 
 
+def lane_key(conn: HttpConn, target: Target, pool: H2Pool) -> Hashable:
+    """The pool key of the client connection's lane to `target` (h2pool rule 3): the
+    pool's one object for it, kept by the connection for its last h2 key."""
+    h2_key = target.h2_key
+    if conn.h2_key_of is h2_key and conn.h2_key is not None:
+        return conn.h2_key
+    key = pool.lane_key(h2_key, lane_of(conn, pool))
+    conn.h2_key_of = h2_key
+    conn.h2_key = key
+    return key
+
+
 def lane_of(conn: HttpConn, pool: H2Pool) -> int:
     """The client connection's lane (rule 5), picked at its first upgraded request."""
     lane = conn.h2_lane
@@ -122,7 +136,7 @@ async def send(
         return None
     bodiless = head.framing is Framing.NONE
     conn.body_done = replay is not None
-    key = (target.h2_key, lane_of(conn, pool))
+    key = lane_key(conn, target, pool)
     stream = await pool.stream(key, target.open, headers, end=bodiless or replay == b"")
     try:
         if replay:
@@ -238,7 +252,7 @@ def start_now(conn: HttpConn, head: RequestHead, plan: Plan, target: Target, t0:
     headers = conn.h2_memo.headers_for(head, target)
     if headers is None:
         return False
-    stream = pool.stream_now((target.h2_key, lane_of(conn, pool)), headers, end=True)
+    stream = pool.stream_now(lane_key(conn, target, pool), headers, end=True)
     if stream is None:
         return False
     fast = UpExchange(conn, stream, head, plan, target, t0)

@@ -17,6 +17,9 @@ Rules:
    worker's, and every further lane splits the frames one loop batch brings into
    more TLS records, writes and peer wake-ups (1 lane against 4: 40% more requests/s
    per CPU, bench/RESULTS.md, twenty-first pass).
+3. A lane's key is one object per (key, lane) (`lane_key`), kept by each client
+   connection (agent.proxy.h1toh2's `lane_key`), so the pool finds the last key's
+   connections by identity: a tuple's hash is computed again at every lookup.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from agent.proxy.h2conn import H2Conn
 from agent.proxy.h2stream import H2Stream, StreamGoneError
 from agent.proxy.pool import H2_LANES
 from agent.proxy.upstream import UpstreamError
+
+_KEYS_MAX: Final = 4096  # lane keys kept (cleared when full; equal keys still look up)
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -55,6 +60,20 @@ class H2Pool:
         self._conns: dict[Hashable, list[H2Conn]] = {}
         self._opening: dict[Hashable, asyncio.Future[H2Conn]] = {}
         self.opened = 0
+        self._keys: dict[Hashable, Hashable] = {}  # (key, lane) -> its one object (rule 3)
+        # The last key `stream_now` looked up, and its list in `_conns` (rule 3).
+        self._last_key: Hashable = None
+        self._last_conns: list[H2Conn] | None = None
+
+    def lane_key(self, key: Hashable, lane: int) -> Hashable:
+        """The pool's one key object for `key`'s `lane` (rule 3)."""
+        pair: Hashable = (key, lane)  # an object: a tuple-typed one is boxed anew at each use
+        got = self._keys.get(pair)
+        if got is None:
+            if len(self._keys) >= _KEYS_MAX:
+                self._keys.clear()
+            got = self._keys[pair] = pair
+        return got
 
     def next_lane(self) -> int:
         """The lane of a new client connection, of this pool's `lanes` (rule 2)."""
@@ -80,7 +99,14 @@ class H2Pool:
     def stream_now(self, key: Hashable, headers: H2Headers, *, end: bool) -> H2Stream | None:
         """`stream` without waiting: a new request stream on an established connection to
         `key` that can take one; None when there is none (or it refused)."""
-        for conn in self._conns.get(key, ()):
+        if key is self._last_key:
+            conns = self._last_conns
+        else:
+            conns = self._conns.get(key)
+            if conns is None:
+                return None
+            self._last_key, self._last_conns = key, conns
+        for conn in conns or ():
             if conn.usable:
                 try:
                     return conn.open_stream(headers, end=end)
@@ -127,6 +153,8 @@ class H2Pool:
             conns.remove(conn)
             if not conns:
                 del self._conns[conn.pool_key]
+                if conns is self._last_conns:
+                    self._last_key, self._last_conns = None, None
 
     def count(self, key: Hashable | None = None) -> int:
         """Open upstream connections (for `key`, or all)."""
@@ -139,6 +167,7 @@ class H2Pool:
             for conn in list(conns):
                 conn.close()
         self._conns.clear()
+        self._last_key, self._last_conns = None, None
 
 
 # --- per-worker pools ---------------------------------------------------------------------

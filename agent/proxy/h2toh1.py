@@ -120,8 +120,8 @@ class Downgrade:
     def release(self, up: UpstreamConn, resp: ResponseHead) -> None:
         """The exchange is complete: the app connection back to the pool, or closed."""
         up.finish()
-        if resp.keep_alive and up.reusable:
-            self.pool.release(up)
+        if resp.keep_alive:
+            self.pool.release(up)  # which closes it when not reusable
         else:
             up.close()
 

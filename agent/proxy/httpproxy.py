@@ -87,7 +87,7 @@ from agent.proxy.record import REQUEST, BoundHttp, Labels, recorder
 from agent.proxy.upstream import ConnPool, UpstreamError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Hashable
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,9 @@ class HttpConn:
         self._answer_for: tuple[RequestHead, ResponseHead, HeadOut] | None = None
         self.h2_memo = h1toh2.Memo()  # upgraded requests' h2 headers (agent.proxy.h1toh2)
         self.h2_lane = -1  # and the h2 connection they go on: h1toh2.lane_of picks it
+        # the pool key of that lane for the last h2 key (h1toh2.lane_key), as objects
+        self.h2_key_of: Hashable = None
+        self.h2_key: Hashable = None
         self._drain: asyncio.Future[None] | None = None  # `client_drained` waits on it
 
     def attach(self, prefix: bytes = b"", *, eof: bool = False) -> None:
@@ -717,8 +720,8 @@ class HttpConn:
         self.end_handle(target, ok=not failure)
         up.finish()
         self.current = None
-        if resp.keep_alive and up.reusable:
-            self.pool.release(up)
+        if resp.keep_alive:
+            self.pool.release(up)  # which closes it when not reusable
         else:
             up.close()
         recorder().response(

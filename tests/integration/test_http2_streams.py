@@ -862,3 +862,49 @@ def test_what_need_not_wait_is_done_at_once_and_the_rest_waits() -> None:
         server.close()
 
     aio.run(main())
+
+
+def test_a_lane_key_found_again_after_its_connection_went_and_came_back() -> None:
+    """h2pool rule 3: a lane's key is one object, and `stream_now`'s memo of the last
+    key's connections is dropped with them: a connection opened again is found."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        pool = h2pool.H2Pool(2)
+        key = pool.lane_key(("h2", "ep"), 1)
+        assert pool.lane_key(("h2", "ep"), 1) is key
+        assert pool.lane_key(("h2", "ep"), 0) is not key
+        head = [
+            (b":method", b"GET"),
+            (b":scheme", b"http"),
+            (b":path", b"/"),
+            (b":authority", b"x"),
+        ]
+        servers: list[h2conn.H2Conn] = []
+
+        async def opener(factory):
+            a, b = socket.socketpair()
+            server = h2conn.H2Conn(client_side=False)
+            servers.append(server)
+            await loop.connect_accepted_socket(lambda: server, b)
+            return await loop.connect_accepted_socket(factory, a)
+
+        first = await pool.stream(key, opener, head, end=True)
+        assert pool.stream_now(key, head, end=True) is not None  # remembered: `key`'s list
+        servers[0].close()  # the peer goes away: the pool forgets that connection
+        for _ in range(50):
+            if pool.count(key) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.count(key) == 0
+        assert first.conn.closed
+        assert pool.stream_now(key, head, end=True) is None
+        second = await pool.stream(key, opener, head, end=True)
+        again = pool.stream_now(key, head, end=True)
+        assert again is not None
+        assert again.conn is second.conn is not first.conn
+        pool.close()
+        for server in servers:
+            server.close()
+
+    aio.run(main())
