@@ -43,7 +43,7 @@ from tests.integration.test_httpproxy import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Callable, Iterator
 
     from agent.proxy.http1 import RequestHead
 
@@ -183,6 +183,22 @@ async def _world(
         await asyncio.sleep(0)
 
 
+@contextlib.contextmanager
+def _recorded() -> Iterator[_Seen]:
+    """The recorder is a `_Seen` inside the block, the one before again after it."""
+    seen = _Seen()
+    saved, record.RECORDER = record.RECORDER, seen
+    try:
+        yield seen
+    finally:
+        record.RECORDER = saved
+
+
+def _inbound_calls(seen: _Seen) -> list[tuple[str, Any, Any]]:
+    """The inbound's recorder calls: its connection tasks set no `record.CONN` here."""
+    return [c for c in seen.calls if c[1] is None]
+
+
 async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: bytes) -> Any:
     writer.write(b"GET " + path + b" HTTP/1.1\r\nHost: web\r\n\r\n")
     [got] = await _read_responses(reader, 1)
@@ -191,9 +207,7 @@ async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path:
 
 def test_keepalive_requests_go_upgraded_and_back_in_callbacks(run: Run) -> None:
     async def body() -> None:
-        seen = _Seen()
-        saved, record.RECORDER = record.RECORDER, seen
-        try:
+        with _recorded() as seen:
             async with _world(_ok) as world:
                 reader, writer = await asyncio.open_connection(HOST, world.port)
                 for i in range(20):
@@ -216,17 +230,15 @@ def test_keepalive_requests_go_upgraded_and_back_in_callbacks(run: Run) -> None:
                 assert all(b"l5d-orig-proto" not in h.lower() for h, _ in world.up.seen)
                 (starter,) = world.starters()
                 assert (starter.count, starter.relayed) == (20, 19)
-        finally:
-            record.RECORDER = saved
         outbound = [c for c in seen.calls if c[1] == ("conn", 0)]
         assert [c[2] for c in outbound if c[0] == "response"] == [200] * 20
         assert [c[2].target for c in outbound if c[0] == "request"] == [
             b"/r%d" % i for i in range(20)
         ]
-        # The inbound (whose connection task sets no CONN here) counted each stream's
-        # request once, with the stream's head in context, then its response: the first
-        # in the task path, the others at once through the bound handle (h2toh1 rule 6).
-        inbound = [c for c in seen.calls if c[1] is None]
+        # The inbound counted each stream's request once, with the stream's head in
+        # context, then its response: the first in the task path, the others at once
+        # through the bound handle (h2toh1 rule 6).
+        inbound = _inbound_calls(seen)
         assert [c[0] for c in inbound] == ["request", "response"] * 20
         assert [c[2].target for c in inbound if c[0] == "request"] == [
             b"/r%d" % i for i in range(20)
@@ -239,9 +251,7 @@ def test_keepalive_requests_go_upgraded_and_back_in_callbacks(run: Run) -> None:
 def test_an_app_that_closes_unanswered_gets_502_and_the_connection_goes_on(run: Run) -> None:
     async def body() -> None:
         script = lambda path: None if path == b"/close" else _ok(path)  # noqa: E731
-        seen = _Seen()
-        saved, record.RECORDER = record.RECORDER, seen
-        try:
+        with _recorded() as seen:
             async with _world(script) as world:
                 reader, writer = await asyncio.open_connection(HOST, world.port)
                 assert (await _get(reader, writer, b"/warm"))[0] == 200
@@ -252,11 +262,9 @@ def test_an_app_that_closes_unanswered_gets_502_and_the_connection_goes_on(run: 
                 assert world.conns[0].callback_requests == 2
                 writer.close()
                 await writer.wait_closed()
-        finally:
-            record.RECORDER = saved
         # The failed callback stream counts its request and its 502 once each, as the
         # answered ones do (h2toh1 rule 6).
-        inbound = [c for c in seen.calls if c[1] is None]
+        inbound = _inbound_calls(seen)
         assert [c[2].target for c in inbound if c[0] == "request"] == [
             b"/warm",
             b"/close",
@@ -270,9 +278,7 @@ def test_an_app_that_closes_unanswered_gets_502_and_the_connection_goes_on(run: 
 def test_a_large_response_to_a_slow_reader_arrives_whole(run: Run) -> None:
     async def body() -> None:
         big = bytes(range(256)) * 8192  # 2 MiB: past the client's high water
-        seen = _Seen()
-        saved, record.RECORDER = record.RECORDER, seen
-        try:
+        with _recorded() as seen:
             async with _world(lambda p: _ok(big) if p == b"/big" else _ok(p)) as world:
                 reader, writer = await asyncio.open_connection(HOST, world.port, limit=1 << 16)
                 await _get(reader, writer, b"/warm")
@@ -285,11 +291,9 @@ def test_a_large_response_to_a_slow_reader_arrives_whole(run: Run) -> None:
                 assert world.conns[0].callback_requests == 2
                 writer.close()
                 await writer.wait_closed()
-        finally:
-            record.RECORDER = saved
         # The big response went on in a task from the callbacks: its request and its
         # response are each counted once all the same (h2toh1 rule 6).
-        inbound = [c for c in seen.calls if c[1] is None]
+        inbound = _inbound_calls(seen)
         assert [c[0] for c in inbound] == ["request", "response"] * 3
         assert [c[2].target for c in inbound if c[0] == "request"] == [b"/warm", b"/big", b"/next"]
 
