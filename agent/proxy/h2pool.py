@@ -33,9 +33,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 from agent.proxy.h2conn import H2Conn
 from agent.proxy.h2stream import H2Stream, StreamGoneError
 from agent.proxy.pool import H2_LANES
-from agent.proxy.upstream import UpstreamError
-
-_KEYS_MAX: Final = 4096  # lane keys kept (cleared when full; equal keys still look up)
+from agent.proxy.upstream import UpstreamError, canonical
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -68,12 +66,7 @@ class H2Pool:
     def lane_key(self, key: Hashable, lane: int) -> Hashable:
         """The pool's one key object for `key`'s `lane` (rule 3)."""
         pair: Hashable = (key, lane)  # an object: a tuple-typed one is boxed anew at each use
-        got = self._keys.get(pair)
-        if got is None:
-            if len(self._keys) >= _KEYS_MAX:
-                self._keys.clear()
-            got = self._keys[pair] = pair
-        return got
+        return canonical(self._keys, pair)
 
     def next_lane(self) -> int:
         """The lane of a new client connection, of this pool's `lanes` (rule 2)."""

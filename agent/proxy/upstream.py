@@ -214,6 +214,17 @@ class Pooled(Protocol):
 Opener = Callable[[], Awaitable[Pooled]]
 
 
+def canonical(keys: dict[Hashable, Hashable], key: Hashable) -> Hashable:
+    """The object in `keys` equal to `key`, `key` itself the first time (rule 6): one key
+    object per value, kept in `keys` (`ConnPool.canonical`, `H2Pool.lane_key`)."""
+    got = keys.get(key)
+    if got is None:
+        if len(keys) >= KEYS_MAX:
+            keys.clear()  # later equal keys start a new set; lookups stay correct
+        got = keys[key] = key
+    return got
+
+
 class ConnPool:
     """Idle upstream connections per key, for one worker's loop."""
 
@@ -242,12 +253,7 @@ class ConnPool:
         tuple type would be unboxed and built again where it is stored (agent.native
         rule 7), a new object each time, and the identity would be lost.
         """
-        got = self._keys.get(key)
-        if got is None:
-            if len(self._keys) >= KEYS_MAX:
-                self._keys.clear()  # later equal keys start a new set; lookups stay correct
-            got = self._keys[key] = key
-        return got
+        return canonical(self._keys, key)
 
     def take(self, key: Hashable) -> UpstreamConn | Pooled | None:
         """A live idle connection for `key`, or None."""
