@@ -27,6 +27,9 @@ Rules:
    event loop thread.
 5. The records change and are written under one lock: pods start processes from
    several threads at once (tests run `pod.run` through `asyncio.to_thread`).
+6. `place(node, cpus)` confines a node's pods to `cpus`, as a real node has its own:
+   what its pods start from then on, and what they run already
+   (`agent.netlab_pods` rule 4); `None` lifts it.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from agent.netlab_state import (
 from agent.redirect import netns
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Collection, Iterator
 
 __all__ = [
     "CGROUP_PARENT",
@@ -104,6 +107,7 @@ class Lab:
         self._records: list[dict[str, Any]] = []
         self._lock = threading.Lock()  # rule 5
         self._procs: dict[int, subprocess.Popen[Any]] = {}
+        self._cpus: dict[str, frozenset[int]] = {}  # node name -> its CPUs (rule 6)
         self._seq = 0
         self._links = 0
         self._closed = False
@@ -127,6 +131,33 @@ class Lab:
         with self._lock:
             self._records.append(rec)
             write_state(self.state_file, self.prefix, self._records)
+
+    # --- placement (rule 6) -------------------------------------------------
+
+    def place(self, node: LabNode, cpus: Collection[int] | None) -> None:
+        """Run `node`'s pods on `cpus` (None: anywhere this process may run).
+
+        Raises:
+            LabError: `cpus` is empty or names a CPU this process may not use, or a pod of
+                the node has no cgroup.
+        """
+        allowed = os.sched_getaffinity(0)
+        chosen = frozenset(allowed if cpus is None else cpus)
+        if not chosen or not chosen <= allowed:
+            raise LabError(
+                f"node {node.name}", f"cpus {sorted(chosen)} not within {sorted(allowed)}"
+            )
+        if cpus is None:
+            self._cpus.pop(node.name, None)
+        else:
+            self._cpus[node.name] = chosen
+        for pod in self.pods.values():
+            if pod.node.name == node.name:
+                pod.move_to(chosen)
+
+    def cpus_of(self, node: LabNode) -> frozenset[int] | None:
+        """The CPUs `node` is placed on, or None."""
+        return self._cpus.get(node.name)
 
     def track(self, proc: subprocess.Popen[Any]) -> None:
         self._procs[proc.pid] = proc

@@ -12,14 +12,20 @@ Rules:
    closes, which kills it.
 3. Sockets "in a pod" are made on a thread inside its netns
    (`agent.redirect.netns.socket_in`); nothing here imports pyroute2.
+4. A node placed on CPUs (`Lab.place`) runs its pods' processes there: a process
+   started in a pod takes the CPUs before it execs (so every thread and child it
+   makes inherits them), and one already running is moved, every thread of every
+   process in the pod's cgroup (`LabPod.move_to`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.errors import AgentError
@@ -28,8 +34,7 @@ from agent.redirect import netns
 
 if TYPE_CHECKING:
     import ipaddress
-    from collections.abc import Sequence
-    from pathlib import Path
+    from collections.abc import Collection, Sequence
 
     from agent.netlab import Lab
 
@@ -119,11 +124,14 @@ class LabPod:
     def spawn(self, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
         """Start `argv` inside the pod (netns and cgroup); the lab kills it on close."""
         cgroup = self.cgroup
+        cpus = self._lab.cpus_of(self.node)
 
         def enter_cgroup() -> None:  # runs in the child, before exec
             if cgroup is not None:
                 with (cgroup / "cgroup.procs").open("w") as f:
                     f.write(str(os.getpid()))
+            if cpus is not None:  # rule 4
+                os.sched_setaffinity(0, cpus)
 
         proc = subprocess.Popen(
             [*netns.exec_argv(self.netns), *argv],
@@ -133,6 +141,24 @@ class LabPod:
         )
         self._lab.track(proc)
         return proc
+
+    def move_to(self, cpus: Collection[int]) -> int:
+        """Put every thread of every process in this pod's cgroup on `cpus` (rule 4); how
+        many threads moved. One that exits meanwhile is skipped.
+
+        Raises:
+            LabError: the pod has no cgroup, so its processes cannot be found.
+        """
+        if self.cgroup is None:
+            raise LabError(f"pod {self.name}", "no cgroup: cannot find its processes to place")
+        moved = 0
+        for pid in (self.cgroup / "cgroup.procs").read_text().split():
+            with contextlib.suppress(FileNotFoundError):
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(int(task.name), cpus)
+                        moved += 1
+        return moved
 
     def run(
         self,

@@ -20,6 +20,9 @@ Rules:
 5. Rows of an accelerated setup (`meshagent-ebpf-accel`) carry `accel`: how
    much each sk_msg counter (`agent.redirect.maps.accel_stats`) rose during
    that load, so a run shows whether messages were redirected at all.
+6. With `placement` "split" (the default) every setup runs with its nodes on
+   their own CPUs (`agent.bench.topology` rule 5, over `setups.nodes_of` nodes);
+   "shared" leaves placement to the scheduler. `machine.placement` says which.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import psutil
 
 from agent import native
 from agent.bench import calibrate, callgrind, interp, loads, profile, report, setups
-from agent.bench.topology import per_node
+from agent.bench.topology import per_node, placed
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
@@ -62,6 +65,7 @@ ALL_LOADS = (
     "tcp-throughput",
     "conn-rate",
 )
+PLACEMENTS = ("split", "shared")
 MEMORY_PODS = (1, 10, 50, 100)
 QUICK_MEMORY_PODS = (1, 100)
 QUICK_LOADS = tuple(x for x in ALL_LOADS if x not in ("http1-rate-500", "http1-rr"))
@@ -81,6 +85,7 @@ class Options:
     interp_dir: Path | None = None  # `--interp`: interpreted calls per setup (bench.interp)
     icount_dir: Path | None = None  # `--icount`: workers under callgrind (bench.callgrind)
     repeat: int = 1  # `--repeat`: rounds of every setup's loads, medians reported (report rule 6)
+    placement: str = "split"  # `--placement`: each node on its own CPUs, or shared (rule 6)
 
     @classmethod
     def make(  # noqa: PLR0913 - one keyword per CLI option
@@ -94,15 +99,20 @@ class Options:
         interp_dir: Path | None = None,
         icount_dir: Path | None = None,
         repeat: int = 1,
+        placement: str = "split",
     ) -> Options:
         """Options from the CLI's values.
 
         Raises:
-            ValueError: an unknown setup or load name, fewer than one round, or loads
-                too short to count (`callgrind.MIN_DURATION_S`).
+            ValueError: an unknown setup, load or placement name, fewer than one round, or
+                loads too short to count (`callgrind.MIN_DURATION_S`).
         """
         if repeat < 1:
             raise ValueError(f"--repeat must be at least 1, got {repeat}")
+        if placement not in PLACEMENTS:
+            raise ValueError(
+                f"--placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}"
+            )
         if icount_dir is not None:
             duration_s = duration_s or callgrind.DURATION_S
             if duration_s < callgrind.MIN_DURATION_S:
@@ -128,6 +138,7 @@ class Options:
             interp_dir=interp_dir,
             icount_dir=icount_dir,
             repeat=repeat,
+            placement=placement,
         )
 
 
@@ -189,8 +200,9 @@ def memory_of(pids: list[int]) -> tuple[float, float]:
     return round(rss / 2**20, 1), round(pss / 2**20, 1)
 
 
-def machine(calibration: dict[str, Any]) -> dict[str, Any]:
-    """What the run ran on, with its `calibration` (agent.bench.calibrate rule 3)."""
+def machine(calibration: dict[str, Any], placement: str = "split") -> dict[str, Any]:
+    """What the run ran on, with its `calibration` (agent.bench.calibrate rule 3) and
+    its `placement` (rule 6)."""
     haproxy = subprocess.run(["haproxy", "-v"], capture_output=True, text=True, check=False)
     model = ""
     with contextlib.suppress(OSError):
@@ -208,6 +220,7 @@ def machine(calibration: dict[str, Any]) -> dict[str, Any]:
         "haproxy": haproxy.stdout.split("\n", 1)[0],
         "native": native.state(),  # the compiled request path (agent.native) or the sources
         "calibration": calibration,
+        "placement": placement,
     }
 
 
@@ -307,8 +320,12 @@ def _measure_setup(
     rows: list[dict[str, Any]],
     icount_dir: Path | None = None,
 ) -> None:
+    place = opts.placement == "split"
     try:
-        with setups.SETUPS[name](topo) as target:
+        with (
+            placed(topo, setups.nodes_of(name)) if place else contextlib.nullcontext(),
+            setups.SETUPS[name](topo) as target,
+        ):
             for load in opts.loads:
                 skip = _applicable(target, load)
                 if skip:
@@ -445,7 +462,8 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
     notes.append(took)
     notes.append(calibrate.describe(calibration["start"], calibration["end"]))
     notes += _not_yet_notes(opts)
-    return report.document(machine(calibration), report.combine(rows), notes, measured=rows)
+    doc_machine = machine(calibration, opts.placement)
+    return report.document(doc_machine, report.combine(rows), notes, measured=rows)
 
 
 def _not_yet_notes(opts: Options) -> list[str]:

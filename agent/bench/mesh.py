@@ -22,6 +22,7 @@ Rules:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import subprocess
@@ -314,9 +315,11 @@ class MeshPlane:
         workers: int = 2,
         log_level: str = "warning",
         env: dict[str, str] | None = None,
+        cpus: frozenset[int] | None = None,
     ) -> NodeAgent:
         """`meshagent run` for `node`, meshing the pods `roles`; returns once /ready is 200.
-        `env` adds to the agent's environment (e.g. MESHAGENT_EBPF_ACCEL=1).
+        `env` adds to the agent's environment (e.g. MESHAGENT_EBPF_ACCEL=1); `cpus`, the
+        node's CPUs, confines the agent and the workers it starts (`agent.netlab` rule 6).
 
         Raises:
             MeshError: the control plane or the agent did not start, or no /ready in time.
@@ -354,8 +357,15 @@ class MeshPlane:
             "--cleanup-on-exit",
         ]  # fmt: skip
         log = self.workdir / f"agent-{name}.log"
+        place = None if cpus is None else functools.partial(os.sched_setaffinity, 0, cpus)
         with log.open("wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=place,  # noqa: PLW1509 - the node's CPUs, before exec
+            )
         agent = NodeAgent(
             name=name,
             proc=proc,

@@ -141,8 +141,9 @@ def start_node_agent(  # noqa: PLR0913 - keyword-only settings
     env = {ENV_ACCEL: "1" if accel else "0"} if mode == "ebpf" else {}
     env[ENV_H2_UPGRADE] = upgrade
     count = per_node(1) if workers is None else workers
+    cpus = topo.lab.cpus_of(topo.lab.nodes[node])
     return topo.mesh.start_agent(
-        roles, mode, node=node, name=name, workers=count, log_level=level, env=env
+        roles, mode, node=node, name=name, workers=count, log_level=level, env=env, cpus=cpus
     )
 
 
@@ -251,3 +252,24 @@ SETUPS: dict[str, SetupFn] = {
     "meshagent-ebpf-h2-xnode": _meshagent("ebpf", xnode=True, upgrade="on"),
     "meshagent-ebpf-h1-xnode": _meshagent("ebpf", xnode=True, upgrade="off"),
 }
+
+# The paths over two nodes (`a` and `b`): their proxies get `per_node(2)` workers each
+# and, placed (`agent.bench.topology` rule 5), each node its half of the CPUs.
+TWO_NODES = frozenset(
+    {
+        "direct-xnode",
+        "haproxy-tls",
+        "haproxy-tls-h1",
+        "haproxy-tls-h2",
+        "python-floor-tls",
+        "meshagent-iptables-xnode",
+        "meshagent-ebpf-xnode",
+        "meshagent-ebpf-h2-xnode",
+        "meshagent-ebpf-h1-xnode",
+    }
+)
+
+
+def nodes_of(setup: str) -> int:
+    """How many nodes `setup`'s path spans."""
+    return 2 if setup in TWO_NODES else 1

@@ -22,6 +22,15 @@ Rules:
    proxies squeezed onto its CPUs: with a full set of workers each, the
    cross-node path ran twice as many proxy processes as CPUs, and each switch
    between them cost (bench/RESULTS.md, twentieth pass).
+5. Each simulated node runs on its own CPUs (`placed`, the run's `--placement
+   split`, the default): on a path over N nodes, node `a` (the client, the
+   outbound proxy) gets the first 1/N of the machine's CPUs and node `b` (the
+   far proxy, its server) the next, for every setup alike; a path over one node
+   gets them all. Processes a node's pods and agent start inherit its CPUs;
+   the servers already running are moved. Without it (`--placement shared`)
+   the scheduler may run both nodes' processes on one CPU, which two machines
+   never do: the wake-ups between the hops pull the reader onto the writer's
+   CPU while the other idles (bench/RESULTS.md, twenty-eighth pass).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,6 +72,41 @@ POD_SYSCTLS = {
 def per_node(nodes: int) -> int:
     """Workers (threads, processes) of each proxy instance on a path over `nodes` nodes (rule 4)."""
     return max(1, len(os.sched_getaffinity(0)) // nodes)
+
+
+def split_cpus(cpus: Collection[int], nodes: int) -> list[frozenset[int]]:
+    """The CPUs of each of `nodes` nodes (rule 5): consecutive equal shares of `cpus` in
+    order, `per_node`'s count each (the remainder unused); every node gets all of them
+    when there are fewer CPUs than nodes.
+
+    Raises:
+        ValueError: no CPUs, or fewer than one node.
+    """
+    if not cpus or nodes < 1:
+        raise ValueError(f"cannot split CPUs {sorted(cpus)} over {nodes} nodes")
+    ordered = sorted(cpus)
+    share = len(ordered) // nodes
+    if share == 0:
+        return [frozenset(ordered)] * nodes
+    return [frozenset(ordered[i * share : (i + 1) * share]) for i in range(nodes)]
+
+
+@contextlib.contextmanager
+def placed(topo: Topology, nodes: int) -> Iterator[None]:
+    """Nodes `a` and `b` on their CPUs for a path over `nodes` nodes, then anywhere again
+    (rule 5). A path over one node gives `a` all of them, and `b`, idle, too.
+
+    Raises:
+        LabError: a pod could not be placed.
+    """
+    shares = split_cpus(os.sched_getaffinity(0), nodes)
+    try:
+        topo.lab.place(topo.a, shares[0])
+        topo.lab.place(topo.b, shares[-1])
+        yield
+    finally:
+        topo.lab.place(topo.a, None)
+        topo.lab.place(topo.b, None)
 
 
 class BenchError(AgentError):

@@ -165,8 +165,26 @@ def register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         "request (rows' `icount`; dumps in DIR/icount/; needs valgrind, loads of 20 s or more, "
         "default 60 s; rates not comparable)",
     )
+    parser.add_argument(
+        "--placement",
+        choices=("split", "shared"),
+        default=os.environ.get("MESHAGENT_BENCH_PLACEMENT", "split"),
+        help="split: each simulated node on its own share of the CPUs (default); shared: "
+        "the scheduler places every process anywhere; env MESHAGENT_BENCH_PLACEMENT",
+    )
     output_flag(parser, ("table", "json"))
     parser.set_defaults(handler=_bench)
+
+
+def _bad_flag(args: argparse.Namespace, why: str) -> tuple[str, str]:
+    """The flag and value that `harness.Options.make` refused with `why`."""
+    if args.repeat < 1:
+        return "--repeat", str(args.repeat)
+    if why.startswith("--placement"):
+        return "--placement", str(args.placement)
+    if why.startswith("--icount"):
+        return "--duration", str(args.duration)
+    return "--setups/--loads", f"{args.setups},{args.loads}"
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -188,14 +206,10 @@ def _bench(args: argparse.Namespace) -> int:
             interp_dir=(out / "interp").resolve() if args.interp else None,
             icount_dir=(out / "icount").resolve() if args.icount else None,
             repeat=args.repeat,
+            placement=args.placement,
         )
     except ValueError as exc:
-        flag, value = "--setups/--loads", f"{args.setups},{args.loads}"
-        if args.repeat < 1:
-            flag, value = "--repeat", str(args.repeat)
-        elif str(exc).startswith("--icount"):
-            flag, value = "--duration", str(args.duration)
-        raise SettingError(flag, value, str(exc)) from None
+        raise SettingError(*_bad_flag(args, str(exc)), str(exc)) from None
     quiet = args.output == "json"
     doc = harness.run(opts, progress=None if quiet else lambda m: print(f"  {m}", flush=True))
     out.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,15 @@
-"""The bench's pods (agent.bench.topology): tuned for load, read back from the pod's netns."""
+"""The bench's pods (agent.bench.topology): tuned for load, read back from the pod's netns,
+and placed on their node's CPUs."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 
 from agent import config
-from agent.bench import topology
+from agent.bench import setups, topology
 
 pytestmark = pytest.mark.privileged
 
@@ -20,3 +24,42 @@ def test_bench_pods_get_their_sysctls_and_keep_the_agent_ports_out_of_the_epheme
     # makes the next agent's listen fail (SO_REUSEADDR does not help: the client had none).
     reserved = pod.run(["cat", "/proc/sys/net/ipv4/ip_local_reserved_ports"]).stdout.strip()
     assert reserved.split(",") == [str(config.OUTBOUND_PORT), str(config.INBOUND_PORT)]
+
+
+def _cpus(pid: int) -> set[int]:
+    """Every thread's CPUs of `pid`, read from the kernel (one set when they agree)."""
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    found = {frozenset(os.sched_getaffinity(int(t.name))) for t in tasks}
+    assert len(found) == 1, found
+    return set(next(iter(found)))
+
+
+def _pod_pids(pod) -> list[int]:
+    return [int(p) for p in (pod.cgroup / "cgroup.procs").read_text().split()]
+
+
+@pytest.mark.timeout(120)
+def test_a_two_node_path_runs_each_node_on_its_own_cpus_agents_and_workers_too(lab, tmp_path):
+    """Rule 5: node a (cli, its agent) on the first share, node b (srv2, its agent) the next."""
+    every = os.sched_getaffinity(0)
+    first, second = topology.split_cpus(every, 2)
+    topo = topology.build_topology(lab, tmp_path)
+    try:
+        with topology.placed(topo, 2):
+            assert all(_cpus(p) == second for p in _pod_pids(topo.srv2))  # running servers moved
+            assert all(_cpus(p) == first for p in _pod_pids(topo.srv))
+            assert _cpus(topo.cli.spawn(["sleep", "30"]).pid) == first  # a load, started now
+            agent = setups.start_node_agent(
+                topo, ["srv2"], "iptables", node="b", name="b", workers=1
+            )
+            try:
+                workers = agent.worker_pids()
+                assert workers
+                assert {frozenset(_cpus(p)) for p in [agent.pid, *workers]} == {second}
+            finally:
+                agent.stop()
+        assert all(_cpus(p) == every for p in _pod_pids(topo.srv2))  # anywhere again
+        with topology.placed(topo, 1):  # one node: all of them
+            assert all(_cpus(p) == every for p in _pod_pids(topo.srv))
+    finally:
+        topo.mesh.stop()

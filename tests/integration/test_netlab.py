@@ -158,6 +158,52 @@ def test_processes_started_from_many_threads_at_once_are_all_recorded(lab):
     assert [r for r in state["records"] if r["kind"] == "proc"] == []  # each run untracked
 
 
+THREADED = (
+    "import threading,time;t=threading.Thread(target=time.sleep,args=(30,));t.start();"
+    "print('up',flush=True);t.join()"
+)
+
+
+def tasks_cpus(pid: int) -> dict[int, set[int]]:
+    """The CPUs each thread of `pid` may run on, read from the kernel."""
+    return {
+        int(t.name): os.sched_getaffinity(int(t.name)) for t in Path(f"/proc/{pid}/task").iterdir()
+    }
+
+
+def test_placing_a_node_moves_its_running_threads_and_new_processes_inherit(lab):
+    """Rule 6 (the bench's nodes on their own CPUs, agent.bench.topology rule 5)."""
+    every = os.sched_getaffinity(0)
+    first = {min(every)}
+    node, other = lab.node("n1"), lab.node("n2")
+    pod, elsewhere = lab.pod(node, "a"), lab.pod(other, "b")
+    running = pod.spawn([sys.executable, "-c", THREADED], stdout=subprocess.PIPE, text=True)
+    assert running.stdout.readline().strip() == "up"  # its second thread exists
+    stays = elsewhere.spawn(["sleep", "30"])
+    lab.place(node, first)
+    assert lab.cpus_of(node) == first
+    assert lab.cpus_of(other) is None
+    moved = tasks_cpus(running.pid)
+    assert len(moved) >= 2  # nsenter exec'd python: the pod's process and its thread
+    assert set(map(frozenset, moved.values())) == {frozenset(first)}
+    assert os.sched_getaffinity(stays.pid) == every  # another node's process is left alone
+    started = pod.spawn(["sleep", "30"])
+    assert os.sched_getaffinity(started.pid) == first  # set in the child before exec
+    lab.place(node, None)
+    assert lab.cpus_of(node) is None
+    assert all(c == every for c in tasks_cpus(running.pid).values())
+    assert os.sched_getaffinity(started.pid) == every
+
+
+def test_placing_a_node_on_cpus_this_process_may_not_use_is_refused(lab):
+    node = lab.node("n1")
+    with pytest.raises(netlab.LabError, match="not within"):
+        lab.place(node, {max(os.sched_getaffinity(0)) + 1000})
+    with pytest.raises(netlab.LabError, match="not within"):
+        lab.place(node, set())
+    assert lab.cpus_of(node) is None
+
+
 def test_pod_has_lo_up_and_default_route_via_gateway(lab):
     pod = lab.pod(lab.node("n1", "10.201.7.0/24"), "a", ip="10.201.7.9")
     out = pod.run(["ip", "-o", "addr", "show", "lo"]).stdout

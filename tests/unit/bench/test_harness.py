@@ -101,3 +101,10 @@ def test_cpu_seconds_sums_every_thread_of_a_process():
     assert measured is not None
     assert measured >= 0.6
     assert abs(measured - own) < 0.15
+
+
+def test_placement_is_split_by_default_and_a_bad_one_is_refused():
+    assert Options.make(quick=True).placement == "split"
+    assert Options.make(quick=True, placement="shared").placement == "shared"
+    with pytest.raises(ValueError, match="--placement must be one of split, shared, got 'half'"):
+        Options.make(quick=True, placement="half")

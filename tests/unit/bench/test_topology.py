@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from agent.bench import topology
 
 
@@ -26,3 +28,22 @@ def test_the_share_follows_the_cpus_the_process_may_run_on() -> None:
         check=True,
     )
     assert done.stdout.split() == ["1", "1"]
+
+
+def test_two_nodes_get_consecutive_halves_and_one_node_all_of_them() -> None:
+    """Rule 5: node a the first share of the CPUs, node b the next."""
+    assert topology.split_cpus([0, 1], 2) == [frozenset({0}), frozenset({1})]
+    assert topology.split_cpus([3, 1, 2, 0], 2) == [frozenset({0, 1}), frozenset({2, 3})]
+    assert topology.split_cpus([0, 1, 2], 2) == [frozenset({0}), frozenset({1})]  # equal shares
+    assert topology.split_cpus([0, 1], 1) == [frozenset({0, 1})]
+
+
+def test_fewer_cpus_than_nodes_gives_every_node_all_of_them() -> None:
+    assert topology.split_cpus([5], 2) == [frozenset({5}), frozenset({5})]
+
+
+def test_no_cpus_or_no_nodes_is_refused() -> None:
+    with pytest.raises(ValueError, match="cannot split"):
+        topology.split_cpus([], 2)
+    with pytest.raises(ValueError, match="cannot split"):
+        topology.split_cpus([0, 1], 0)
