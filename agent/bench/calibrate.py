@@ -26,6 +26,13 @@ Rules:
    time between two `cpu_times()` readings that was stolen, in percent; the harness
    puts it on every row (`steal_pct`), so a slow row on a busy host shows as one.
    None where the kernel counts no steal (fewer than eight numbers).
+5. Idle: `idle_pct(before, after)` is the share of the CPU time between two
+   `idle_times()` readings that no task used (idle and iowait), for the whole machine
+   first, then for each CPU. With each simulated node on its own CPUs
+   (agent.bench.topology rule 5), a proxy that leaves its node's CPU idle while the
+   load waits shows here: the convoy of the cross-node h2 lane (bench/RESULTS.md,
+   twenty-eighth pass). The harness puts them on every row (`idle_pct`,
+   `idle_pct_cpus`).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ C_BYTES: Final = 32 << 20
 PROC_STAT: Final = Path("/proc/stat")
 _STEAL: Final = 7  # index of steal among the cpu line's numbers (proc(5))
 _GUEST: Final = 8  # guest and guest_nice are counted in user and nice already
+_IDLE: Final = 3  # idle, then iowait (proc(5))
 _CHUNK: Final = bytes(range(256)) * 4096  # 1 MiB
 _KEYS: Final = (
     b"host",
@@ -149,3 +157,36 @@ def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> 
     if before is None or after is None or after[1] <= before[1]:
         return None
     return round(100.0 * (after[0] - before[0]) / (after[1] - before[1]), 1)
+
+
+def parse_idle(text: str) -> list[tuple[int, int]]:
+    """(idle, total) clock ticks of the machine, then of each CPU in order, from /proc/stat's
+    text (rule 5); idle counts iowait too."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("cpu"):
+            ticks = [int(x) for x in line.split()[1:]]
+            out.append((ticks[_IDLE] + ticks[_IDLE + 1], sum(ticks[:_GUEST])))
+    return out
+
+
+def idle_times() -> list[tuple[int, int]] | None:
+    """This machine's idle and total ticks now, whole and per CPU; None where unreadable."""
+    try:
+        return parse_idle(PROC_STAT.read_text())
+    except OSError:
+        return None
+
+
+def idle_pct(
+    before: list[tuple[int, int]] | None, after: list[tuple[int, int]] | None
+) -> list[float] | None:
+    """Rule 5: percent of each entry's CPU time between the readings that was idle."""
+    if not before or not after or len(before) != len(after):
+        return None
+    out = []
+    for (idle0, total0), (idle1, total1) in zip(before, after, strict=True):
+        if total1 <= total0:
+            return None
+        out.append(round(100.0 * (idle1 - idle0) / (total1 - total0), 1))
+    return out

@@ -10,7 +10,8 @@ Rules:
    when it wakes; the load generator and servers run in their pods and are
    not counted. `rss_mb` is the proxy processes' RSS after it; `steal_pct` the
    share of the machine's CPU time the hypervisor took during it
-   (agent.bench.calibrate rule 4).
+   (agent.bench.calibrate rule 4); `idle_pct` the share no task used, and
+   `idle_pct_cpus` each CPU's (agent.bench.calibrate rule 5).
 3. `memory-P` starts `meshagent run` for P meshed pods (cli, srv and idle
    pods on node `a`, each with a process) for each meshagent capture mode in
    the run and reads RSS and PSS of the supervisor and of its workers, apart
@@ -334,6 +335,7 @@ def _measure_setup(
                 cpu.start(target.proxy_pids())
                 accel_before = target.accel_counts()
                 ticks = calibrate.cpu_times()
+                idle = calibrate.idle_times()
                 counts: dict[str, Any] = {}
                 try:
                     if icount_dir is None:
@@ -353,10 +355,18 @@ def _measure_setup(
                     rows[-1]["ir_per_request"] = counts["ir_per_request"]
                     rows[-1]["icount"] = counts["workers"]
                 rows[-1]["steal_pct"] = calibrate.steal_pct(ticks, calibrate.cpu_times())
+                rows[-1].update(_idle_fields(calibrate.idle_pct(idle, calibrate.idle_times())))
                 rows[-1].update(accel_delta(accel_before, target.accel_counts()))
                 logger.info("measured", extra={"setup": name, "load": load, "rps": rows[-1]["rps"]})
     except AgentError as exc:
         rows.append({"setup": name, "load": "*", "error": str(exc)[:300]})
+
+
+def _idle_fields(pct: list[float] | None) -> dict[str, Any]:
+    """A row's `idle_pct` (the machine) and `idle_pct_cpus` (each CPU) (rule 2)."""
+    if not pct:
+        return {"idle_pct": None, "idle_pct_cpus": None}
+    return {"idle_pct": pct[0], "idle_pct_cpus": pct[1:]}
 
 
 def _idle_pods(topo: Topology, need: int) -> list[str]:

@@ -84,6 +84,7 @@ COLUMNS = [
     "cpu_s",
     "rss_mb",
     "steal_pct",
+    "idle_pct",
     "errors",
 ]
 
@@ -303,6 +304,7 @@ _MEDIAN_KEYS = (
     "cpu_s_per_req",
     "cpu_s_per_gb",
     "steal_pct",
+    "idle_pct",
 )
 
 
@@ -323,6 +325,9 @@ def combine(rows: Sequence[Row]) -> list[Row]:
             row[key] = statistics.median(values) if values else None
         for key in ("requests", "errors"):
             row[key] = sum(r.get(key) or 0 for r in good)
+        cpus = [r["idle_pct_cpus"] for r in good if r.get("idle_pct_cpus")]
+        if cpus and len({len(c) for c in cpus}) == 1:
+            row["idle_pct_cpus"] = [statistics.median(col) for col in zip(*cpus, strict=True)]
         row["rounds"] = len(good)
         row["rps_rounds"] = [r.get("rps") for r in good]
         if any("ir_per_request" in r for r in good):

@@ -44,6 +44,7 @@ def doc(tmp_path_factory):
 def test_quick_bench_prints_machine_results_and_ratios(doc):
     assert set(doc) >= {"machine", "results", "ratios"}
     assert doc["machine"]["cpus"] >= 1
+    assert doc["machine"]["placement"] == "split"  # each node on its own CPUs by default
     cal = doc["machine"]["calibration"]
     assert cal["start"]["python_ms"] > 0
     assert cal["end"]["python_over_c"] > 0
@@ -55,6 +56,9 @@ def test_quick_bench_prints_machine_results_and_ratios(doc):
                 assert row["steal_pct"] is None, row
             else:
                 assert 0 <= row["steal_pct"] <= 100, row
+            assert 0 <= row["idle_pct"] <= 100, row
+            assert len(row["idle_pct_cpus"]) == doc["machine"]["cpus"], row
+            assert all(0 <= pct <= 100 for pct in row["idle_pct_cpus"]), row
 
 
 @pytest.mark.timeout(180)

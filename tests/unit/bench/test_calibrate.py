@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 
 from agent.bench import calibrate
 
@@ -64,3 +65,27 @@ def test_this_machine_is_read():
     got = calibrate.cpu_times()
     if got is not None:  # a kernel without steal accounting reads as None
         assert 0 <= got[0] <= got[1]
+
+
+def test_idle_is_read_for_the_machine_then_each_cpu_with_iowait():
+    got = calibrate.parse_idle(STAT)
+    assert got == [
+        (8611638 + 1200, 263510 + 49540 + 8611638 + 1200 + 22703 + 28742),
+        (4300000 + 600, 131000 + 24000 + 4300000 + 600 + 11000 + 14000),
+    ]
+
+
+def test_idle_pct_is_each_entrys_idle_share_between_two_readings():
+    before = [(100, 1000), (50, 500), (50, 500)]
+    after = [(200, 1400), (60, 700), (140, 700)]
+    assert calibrate.idle_pct(before, after) == [25.0, 5.0, 45.0]
+    assert calibrate.idle_pct(before, before) is None  # no time passed
+    assert calibrate.idle_pct(None, after) is None
+    assert calibrate.idle_pct(before, after[:2]) is None  # a CPU came or went
+
+
+def test_idle_times_reads_this_machine():
+    got = calibrate.idle_times()
+    assert got is not None
+    assert len(got) == 1 + (os.cpu_count() or 0)  # the machine, then each CPU
+    assert all(0 <= idle <= total for idle, total in got)

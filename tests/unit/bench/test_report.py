@@ -247,6 +247,23 @@ def test_repeated_rounds_become_one_row_of_medians_and_ratios_use_them():
     assert doc["ratios"][f"http1_saturate_rps:meshagent-ebpf/haproxy-http@{sat}"] == 0.602
 
 
+def test_idle_shares_are_medians_over_rounds_per_cpu_and_the_machines_a_table_column():
+    sat = "http1-saturate"
+    rows = [
+        {"setup": "meshagent-ebpf-xnode", "load": sat, "rps": 1.0, "idle_pct": 20.0,
+         "idle_pct_cpus": [10.0, 30.0]},
+        {"setup": "meshagent-ebpf-xnode", "load": sat, "rps": 1.0, "idle_pct": 30.0,
+         "idle_pct_cpus": [40.0, 20.0]},
+        {"setup": "meshagent-ebpf-xnode", "load": sat, "rps": 1.0, "idle_pct": 22.0,
+         "idle_pct_cpus": [20.0, 24.0]},
+    ]  # fmt: skip
+    (row,) = report.combine(rows)
+    assert row["idle_pct"] == 22.0
+    assert row["idle_pct_cpus"] == [20.0, 24.0]  # each CPU's own median
+    (shown,) = report.table_rows({"results": [row]})
+    assert shown["idle_pct"] == 22.0
+
+
 def test_counted_instructions_are_a_median_over_rounds_and_a_table_column_when_present():
     sat = "http1-saturate"
     rows = [
