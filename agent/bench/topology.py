@@ -28,9 +28,10 @@ Rules:
    far proxy, its server) the next, for every setup alike; a path over one node
    gets them all. Processes a node's pods and agent start inherit its CPUs;
    the servers already running are moved. Without it (`--placement shared`)
-   the scheduler may run both nodes' processes on one CPU, which two machines
-   never do: the wake-ups between the hops pull the reader onto the writer's
-   CPU while the other idles (bench/RESULTS.md, twenty-eighth pass).
+   the scheduler runs either node's processes on any CPU, so a node's proxy
+   can use the time the other node leaves idle, which two machines never lend
+   each other: it flattered the cross-node h2 path, whose nodes wait on each
+   other's batches, by about an eighth (bench/RESULTS.md, twenty-eighth pass).
 """
 
 from __future__ import annotations
