@@ -133,15 +133,17 @@ def describe(start: dict[str, float], end: dict[str, float]) -> str:
     )
 
 
+def _cpu_ticks(text: str) -> list[list[int]]:
+    """The numbers of /proc/stat's `cpu` lines: the machine's first, then each CPU's."""
+    return [[int(x) for x in ln.split()[1:]] for ln in text.splitlines() if ln.startswith("cpu")]
+
+
 def parse_cpu_times(text: str) -> tuple[int, int] | None:
     """(steal, total) clock ticks from /proc/stat's text (rule 4), None without steal."""
-    for line in text.splitlines():
-        if line.startswith("cpu "):
-            ticks = [int(x) for x in line.split()[1:]]
-            if len(ticks) <= _STEAL:
-                return None
-            return ticks[_STEAL], sum(ticks[:_GUEST])
-    return None
+    lines = _cpu_ticks(text)
+    if not lines or len(lines[0]) <= _STEAL:
+        return None
+    return lines[0][_STEAL], sum(lines[0][:_GUEST])
 
 
 def cpu_times() -> tuple[int, int] | None:
@@ -162,12 +164,7 @@ def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> 
 def parse_idle(text: str) -> list[tuple[int, int]]:
     """(idle, total) clock ticks of the machine, then of each CPU in order, from /proc/stat's
     text (rule 5); idle counts iowait too."""
-    out = []
-    for line in text.splitlines():
-        if line.startswith("cpu"):
-            ticks = [int(x) for x in line.split()[1:]]
-            out.append((ticks[_IDLE] + ticks[_IDLE + 1], sum(ticks[:_GUEST])))
-    return out
+    return [(t[_IDLE] + t[_IDLE + 1], sum(t[:_GUEST])) for t in _cpu_ticks(text)]
 
 
 def idle_times() -> list[tuple[int, int]] | None:
