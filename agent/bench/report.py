@@ -89,9 +89,13 @@ COLUMNS = [
 ]
 
 
+def cross_node(setup: str) -> bool:
+    """`setup`'s path spans both nodes (`a` and `b`)."""
+    return setup.endswith("-xnode") or setup in (CROSS_PEER, *L7_PEERS, FLOOR_TLS_SETUP)
+
+
 def baseline_of(setup: str) -> str:
-    cross = setup.endswith("-xnode") or setup in (CROSS_PEER, *L7_PEERS, FLOOR_TLS_SETUP)
-    return "direct-xnode" if cross else "direct"
+    return "direct-xnode" if cross_node(setup) else "direct"
 
 
 def l7_peer_of(setup: str) -> str:

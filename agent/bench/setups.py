@@ -49,6 +49,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from agent.bench import report
 from agent.bench.peers import (
     PROXY_HTTP_PORT,
     PROXY_IPERF_PORT,
@@ -253,23 +254,9 @@ SETUPS: dict[str, SetupFn] = {
     "meshagent-ebpf-h1-xnode": _meshagent("ebpf", xnode=True, upgrade="off"),
 }
 
-# The paths over two nodes (`a` and `b`): their proxies get `per_node(2)` workers each
-# and, placed (`agent.bench.topology` rule 5), each node its half of the CPUs.
-TWO_NODES = frozenset(
-    {
-        "direct-xnode",
-        "haproxy-tls",
-        "haproxy-tls-h1",
-        "haproxy-tls-h2",
-        "python-floor-tls",
-        "meshagent-iptables-xnode",
-        "meshagent-ebpf-xnode",
-        "meshagent-ebpf-h2-xnode",
-        "meshagent-ebpf-h1-xnode",
-    }
-)
-
 
 def nodes_of(setup: str) -> int:
-    """How many nodes `setup`'s path spans."""
-    return 2 if setup in TWO_NODES else 1
+    """How many nodes `setup`'s path spans (`report.cross_node`): its proxies get
+    `per_node` of that many workers each and, placed (`agent.bench.topology` rule 5), each
+    node its share of the CPUs."""
+    return 2 if report.cross_node(setup) else 1

@@ -5,10 +5,6 @@ from __future__ import annotations
 from agent.bench import setups
 
 
-def test_every_two_node_setup_is_a_setup():
-    assert set(setups.SETUPS) >= setups.TWO_NODES
-
-
 def test_cross_node_and_two_hop_tls_paths_span_two_nodes_and_the_rest_one():
     two = {name for name in setups.SETUPS if setups.nodes_of(name) == 2}
     assert two == {
