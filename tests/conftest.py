@@ -3,6 +3,11 @@
 Privileged tests (`@pytest.mark.privileged`) need root, network namespaces,
 iptables or bpf. They skip when not root, but fail under CI=true: CI runs as
 root, so a skip there would hide a broken test.
+
+The run keeps compiled eBPF programs (agent.redirect.ebpf_cache) in a
+directory of its own, removed at the end, unless MESHAGENT_BPF_CACHE names
+one: every redirector and agent the tests start after the first compile loads
+them from there, and nothing is left in /var/cache.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import contextlib
 import gc
 import os
 import secrets
+import shutil
+import tempfile
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,6 +26,24 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from agent.netlab import Lab
+
+
+_BPF_CACHE = "MESHAGENT_BPF_CACHE"
+_own_bpf_cache: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _BPF_CACHE not in os.environ:
+        _own_bpf_cache.append(tempfile.mkdtemp(prefix="meshagent-test-bpf-cache-"))
+        os.environ[_BPF_CACHE] = _own_bpf_cache[-1]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in _own_bpf_cache:
+        shutil.rmtree(path, ignore_errors=True)
+        if os.environ.get(_BPF_CACHE) == path:
+            del os.environ[_BPF_CACHE]
+    _own_bpf_cache.clear()
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

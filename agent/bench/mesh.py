@@ -13,7 +13,10 @@ Rules:
    so their processes sit in a cgroup naming the UID: `meshagent run` finds
    them the way it finds Kubernetes pods (`agent.pods.discover`).
 2. Every agent has its own registry, netns hold dir, admin port and (eBPF)
-   pin root, so two agents on this one kernel stand for two nodes.
+   pin root, so two agents on this one kernel stand for two nodes. They share
+   the run's cache of compiled eBPF programs (`agent.redirect.ebpf_cache`,
+   in the work directory, unless MESHAGENT_BPF_CACHE names one): the first
+   eBPF agent of a run compiles, the others load.
 3. Manifest rendering (`pod_manifest`, `service_manifest`, `namespace_manifest`)
    is pure; processes are stopped by their Popen only; what an agent may have
    left (netns holds, eBPF pins) is removed after it stops.
@@ -39,6 +42,7 @@ import yaml
 
 from agent.errors import AgentError
 from agent.netlab import port_open
+from agent.redirect.ebpf_cache import ENV_CACHE as ENV_BPF_CACHE
 
 if TYPE_CHECKING:
     from agent.netlab import Lab, LabNode, LabPod
@@ -335,6 +339,7 @@ class MeshPlane:
         netns_dir = self.workdir / f"agent-{name}-netns"
         pin_root = Path(f"/sys/fs/bpf/mabench-{name}") if mode == "ebpf" else None
         env = {**os.environ, **(env or {})}
+        env.setdefault(ENV_BPF_CACHE, str(self.workdir / "bpf-cache"))
         if pin_root is not None:
             env["MESHAGENT_BPF_PIN_ROOT"] = str(pin_root)
         d = self.ports

@@ -67,6 +67,7 @@ def _load_libbpf() -> Any:
         "bpf_prog_detach2": [c_int, c_int, c_int],
         "bpf_obj_get_info_by_fd": [c_int, c_void_p, ctypes.POINTER(ctypes.c_uint32)],
         "bpf_prog_load": [c_int, c_char_p, c_char_p, c_void_p, ctypes.c_size_t, c_void_p],
+        "bpf_map_create": [c_int, c_char_p, c_uint, c_uint, c_uint, c_void_p],
     }
     for kind in ("prog", "map", "link"):
         sigs[f"bpf_{kind}_get_next_id"] = [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]

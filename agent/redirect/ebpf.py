@@ -195,10 +195,12 @@ class EbpfRedirector(EbpfNode):
         inbound_fallback: InboundFallback | None = None,
         registry: Registry | None = None,
         compile_in_child: bool | None = None,
+        cache_dir: Path | bool | None = True,
     ) -> None:
         """`accelerate`/`accel_max_msg` default to MESHAGENT_EBPF_ACCEL{,_MAX_MSG};
         `use_sk_lookup=False` forces the iptables inbound fallback;
-        `compile_in_child` defaults to MESHAGENT_EBPF_COMPILE_IN_CHILD (on).
+        `compile_in_child` defaults to MESHAGENT_EBPF_COMPILE_IN_CHILD (on);
+        `cache_dir`, compiled programs kept between processes, to MESHAGENT_BPF_CACHE's.
 
         Raises:
             SettingError: a bad MESHAGENT_EBPF_ACCEL* value.
@@ -210,6 +212,7 @@ class EbpfRedirector(EbpfNode):
             accelerate=env_accel if accelerate is None else accelerate,
             use_sk_lookup=use_sk_lookup,
             compile_in_child=compile_in_child,
+            cache_dir=cache_dir,
         )
         self.accel_max_msg = env_max if accel_max_msg is None else accel_max_msg
         self._fallback = inbound_fallback

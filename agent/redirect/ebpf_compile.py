@@ -16,11 +16,16 @@ Rules:
    "prerequisite" or "redirect", `message`, and `hint` or `action`), and the
    parent raises the same error the compile would have raised in-process.
 4. bcc is imported only inside `load`, when a program is compiled here.
+5. What compiles is kept (`remember`, in the child or here) in the cache of
+   compiled programs when one is given (`agent.redirect.ebpf_cache`), so the
+   next process loads it without compiling; a program that cannot be kept is
+   logged, never an error.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -29,8 +34,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from agent.errors import PrerequisiteError, RedirectError
-from agent.redirect import maps
+from agent.redirect import ebpf_cache, maps
 from agent.redirect.maps import BpfError
+
+logger = logging.getLogger(__name__)
 
 BPF_SRC = Path(__file__).resolve().parents[2] / "bpf"
 CHILD_MODULE = "agent.redirect.ebpf"
@@ -106,17 +113,42 @@ def load(prog: Program, maps_dir: Path) -> tuple[Any, int]:
     return b, fn.fd
 
 
-def compile_in_child(prog: Program, pin_root: Path) -> int:
+def source_key() -> str:
+    """The cache key of bpf/ compiled on this kernel with these headers and bcc."""
+    return ebpf_cache.source_key(BPF_SRC, headers_dir())
+
+
+def remember(bpf: Any, prog: Program, cache_dir: Path | None, key: str | None = None) -> None:
+    """Keep what bcc compiled (`bpf`) in `cache_dir`, if any (rule 5)."""
+    if cache_dir is None:
+        return
+    try:
+        entry = ebpf_cache.entry_from_bcc(
+            bpf,
+            key=key or source_key(),
+            program=prog.name,
+            prog_type=prog.prog_type,
+            attach_type=prog.attach_type,
+        )
+        ebpf_cache.store(cache_dir, entry)
+    except (OSError, ValueError, BpfError) as exc:
+        logger.warning("compiled program not cached", extra={"program": prog.name, "reason": exc})
+
+
+def compile_in_child(prog: Program, pin_root: Path, cache_dir: Path | None = None) -> int:
     """Compile, load and pin `prog` in a child process, then open the pin here: its fd.
+    With `cache_dir` the child also keeps what it compiled there (rule 5).
 
     Raises:
         PrerequisiteError: bcc or kernel headers missing (as the child found).
         RedirectError: the child failed to compile or load it.
     """
-    argv = [sys.executable, "-m", CHILD_MODULE, "compile", str(pin_root)]
+    argv = [sys.executable, "-m", CHILD_MODULE, "compile", str(pin_root), prog.name]
+    if cache_dir is not None:
+        argv.append(str(cache_dir))
     try:
         done = subprocess.run(
-            [*argv, prog.name],
+            argv,
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,
@@ -154,16 +186,19 @@ def _say(obj: dict[str, str]) -> None:
 
 
 def child_main(argv: list[str]) -> int:
-    """`python -m agent.redirect.ebpf compile PIN_ROOT NAME`: compile, load and pin
-    one program under PIN_ROOT/progs (rule 2); on failure a JSON line on stdout."""
-    if len(argv) != 3 or argv[0] != "compile" or argv[2] not in PROGRAMS:
-        _say({"kind": "redirect", "message": f"usage: compile PIN_ROOT NAME: {argv}"})
+    """`python -m agent.redirect.ebpf compile PIN_ROOT NAME [CACHE_DIR]`: compile, load
+    and pin one program under PIN_ROOT/progs (rule 2), and keep it in CACHE_DIR (rule 5);
+    on failure a JSON line on stdout."""
+    if len(argv) not in (3, 4) or argv[0] != "compile" or argv[2] not in PROGRAMS:
+        _say({"kind": "redirect", "message": f"usage: compile PIN_ROOT NAME [CACHE_DIR]: {argv}"})
         return 2
     pin_root, prog = Path(argv[1]), PROGRAMS[argv[2]]
+    cache_dir = Path(argv[3]) if len(argv) == 4 else None
     loaded = None
     try:
         loaded, fd = load(prog, pin_root / "maps")
         maps.obj_pin(fd, pin_root / "progs" / prog.name)
+        remember(loaded, prog, cache_dir)
     except PrerequisiteError as exc:
         _say({"kind": "prerequisite", "message": exc.what, "hint": exc.hint})
         return 1

@@ -4,10 +4,13 @@
 layout); `agent.redirect.ebpf.EbpfRedirector` is an `EbpfNode` that enrolls pods.
 
 Rules:
-1. Programs compile once per process (`install`), in a child by default
+1. Programs load once per process (`install`): from the cache of compiled
+   programs when it holds them for these sources (`agent.redirect.ebpf_cache`,
+   env MESHAGENT_BPF_CACHE), else compiled, in a child by default
    (`agent.redirect.ebpf_compile`, env MESHAGENT_EBPF_COMPILE_IN_CHILD=0 to
-   turn off); each is pinned under progs/, and its fd is kept here (`_fds`)
-   until `close`. Maps are declared pinned, so a new process re-opens the same
+   turn off), which keeps them in the cache; `loaded_from` says which.
+   Each is pinned under progs/, and its fd is kept here (`_fds`) until
+   `close`. Maps are declared pinned, so a new process re-opens the same
    maps, and links already attached keep working while the agent restarts.
 2. `install` is idempotent: the node links (getsockopt on the agent's cgroup;
    sockops and the sk_msg attachment when accelerating) are ensured, and
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.errors import PrerequisiteError, RedirectError, SettingError
-from agent.redirect import ebpf_compile, maps
+from agent.redirect import ebpf_cache, ebpf_compile, maps
 from agent.redirect.ebpf_compile import PROGRAMS, Program
 from agent.redirect.maps import PinnedMap
 
@@ -116,7 +119,7 @@ def compile_in_child_from_env() -> bool:
 class EbpfNode:
     """Programs, maps and node links under `pin_root`, shared by every pod."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - keyword-only settings
         self,
         *,
         pin_root: Path,
@@ -124,8 +127,10 @@ class EbpfNode:
         accelerate: bool,
         use_sk_lookup: bool,
         compile_in_child: bool | None,
+        cache_dir: Path | bool | None = True,
     ) -> None:
-        """`compile_in_child` defaults to MESHAGENT_EBPF_COMPILE_IN_CHILD (on)."""
+        """`compile_in_child` defaults to MESHAGENT_EBPF_COMPILE_IN_CHILD (on);
+        `cache_dir` True means MESHAGENT_BPF_CACHE's, None or False no cache."""
         self.pin_root = pin_root
         self.agent_cgroup = agent_cgroup
         self.accelerate = accelerate
@@ -137,6 +142,11 @@ class EbpfNode:
         if compile_in_child is None:
             compile_in_child = compile_in_child_from_env()
         self.compile_in_child = compile_in_child
+        if cache_dir is True:
+            cache_dir = ebpf_cache.cache_dir_from_env()
+        self.cache_dir: Path | None = cache_dir or None
+        self._key: str | None = None
+        self.loaded_from: dict[str, str] = {}  # program name -> "cache" | "compiled"
 
     @property
     def maps_dir(self) -> Path:
@@ -149,14 +159,34 @@ class EbpfNode:
     # -- programs -------------------------------------------------------------------
 
     def _compile(self, prog: Program) -> None:
+        if self._from_cache(prog):
+            self.loaded_from[prog.name] = "cache"
+            return
         if self.compile_in_child:
             self._compile_in_child(prog)
         else:
             self._compile_here(prog)
+        self.loaded_from[prog.name] = "compiled"
+
+    def _from_cache(self, prog: Program) -> bool:
+        """Load `prog` from the cache and pin it; False on a miss (then it compiles)."""
+        if self.cache_dir is None:
+            return False
+        try:
+            self._key = self._key or ebpf_compile.source_key()
+            entry = ebpf_cache.lookup(self.cache_dir, self._key, prog.name)
+            fd = ebpf_cache.load_entry(entry, self.maps_dir)
+        except (ebpf_cache.CacheMiss, OSError) as exc:
+            logger.debug("compiled program not in cache", extra={"program": prog.name, "why": exc})
+            return False
+        self._own_fds.append(fd)
+        self._fds[prog.name] = fd
+        maps.obj_pin(fd, self.pin_root / "progs" / prog.name)
+        return True
 
     def _compile_in_child(self, prog: Program) -> None:
         """Raises: PrerequisiteError, RedirectError (`ebpf_compile.compile_in_child`)."""
-        fd = ebpf_compile.compile_in_child(prog, self.pin_root)
+        fd = ebpf_compile.compile_in_child(prog, self.pin_root, self.cache_dir)
         self._own_fds.append(fd)
         self._fds[prog.name] = fd
 
@@ -166,6 +196,7 @@ class EbpfNode:
         self._bpf[prog.name] = b
         self._fds[prog.name] = fd
         maps.obj_pin(fd, self.pin_root / "progs" / prog.name)
+        ebpf_compile.remember(b, prog, self.cache_dir, self._key)
 
     def _load(self, name: str, *, optional: bool = False) -> bool:
         if name in self._fds:

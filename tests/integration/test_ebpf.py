@@ -1,7 +1,9 @@
 """eBPF capture in real namespaces and cgroups (agent.netlab pods).
 
 One redirector per module (each program file compiles once, ~1 s each on
-this machine); the reload test compiles a second set on purpose. Pod `app` is
+this machine, unless the run's cache of compiled programs holds it); the
+reload test loads a second set from that cache, and the cache test compiles
+one more set into a cache of its own. Pod `app` is
 meshed; `srv` and `ext` are plain peers (`ext` is in app's skip-subnets).
 Listeners that stand in for the proxy are opened by this process inside app's
 netns, as the agent does. The last test unenrolls and uninstalls, and checks
@@ -23,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from agent.netlab import lab
-from agent.redirect import ebpf_origdst, maps, netns
+from agent.redirect import ebpf_cache, ebpf_origdst, maps, netns
 from agent.redirect.ebpf import EbpfRedirector
 from agent.redirect.model import PROXY_MARK, CaptureSpec, PortRange, PortSet
 from agent.redirect.orig_dst import original_dst
@@ -247,7 +249,8 @@ def test_pins_survive_a_reload(pods, spec, redirector, pin_root):
         assert _finish(proc) == "pong"
     new = EbpfRedirector(pin_root=pin_root, accelerate=False)
     redirector["r"] = new
-    new.enroll(spec)  # compiles again; re-opens the pinned maps; moves links to its programs
+    new.enroll(spec)  # loads again; re-opens the pinned maps; moves links to its programs
+    assert set(new.loaded_from.values()) == {"cache"}  # compiled by the first, at the latest
     assert _map_ids(pin_root) == map_ids
     links = new.inspect(spec).extra["links"]
     assert links["connect4"]["prog_id"] == maps.prog_id(new._fds["connect4"])
@@ -274,6 +277,51 @@ def test_inbound_falls_back_to_iptables_when_sk_lookup_is_unavailable(pods, pin_
         r.unenroll(fspec)
         r.close()
     assert r.inspect(fspec).inbound == "missing"
+
+
+def test_a_new_pin_root_loads_every_program_from_the_cache_and_captures(pods, tmp_path):
+    lb, _, srv, _ = pods
+    pod = lb.pod(lb.node("n3"), "cached")
+    cspec = CaptureSpec(pod="test/cached", netns=pod.netns, pod_ip=pod.ip, cgroup=pod.cgroup)
+    cache = tmp_path / "cache"
+    first_root, second_root = (Path(f"/sys/fs/bpf/meshagent-test-{os.getpid()}-{n}") for n in "cd")
+    first = EbpfRedirector(pin_root=first_root, accelerate=False, cache_dir=cache)
+    try:
+        first.install()
+        specs = _map_specs(first_root)
+    finally:
+        first.close()
+        first.uninstall()
+    assert set(first.loaded_from.values()) == {"compiled"}
+    [entries] = cache.iterdir()
+    assert sorted(p.name for p in entries.iterdir()) == sorted(
+        f"{n}.json" for n in first.loaded_from
+    )
+    second = EbpfRedirector(pin_root=second_root, accelerate=False, cache_dir=cache)
+    try:
+        second.enroll(cspec)  # no map pinned yet: made from the entries' specs
+        assert second.loaded_from == dict.fromkeys(first.loaded_from, "cache")
+        assert _map_specs(second_root) == specs
+        with _listen(pod, "127.0.0.1", cspec.outbound_port) as outbound:
+            proc = _client(pod, srv.ip, 8080)
+            conn, _ = _serve_one(outbound)
+            with conn:
+                assert original_dst(conn) == (srv.ip, 8080)
+            assert _finish(proc) == "pong"
+    finally:
+        second.unenroll(cspec)
+        second.close()
+        second.uninstall()
+    assert not second_root.exists()
+
+
+def _map_specs(pin_root: Path) -> dict[str, ebpf_cache.MapSpec]:
+    out = {}
+    for pin in sorted((pin_root / "maps").iterdir()):
+        with maps.pinned(pin) as fd:
+            assert fd is not None
+            out[pin.name] = ebpf_cache.map_spec_of(fd)
+    return out
 
 
 def _map_ids(pin_root: Path) -> dict[str, int]:
