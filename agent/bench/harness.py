@@ -70,6 +70,21 @@ PLACEMENTS = ("split", "shared")
 MEMORY_PODS = (1, 10, 50, 100)
 QUICK_MEMORY_PODS = (1, 100)
 QUICK_LOADS = tuple(x for x in ALL_LOADS if x not in ("http1-rate-500", "http1-rr"))
+# The setups the goals are judged on (the peers, our two capture modes on one and two
+# nodes, sockmap); the rest (the Python floors, HAProxy's TLS variants, our upgrade
+# modes) are for finding out why, in full runs or by name with --setups.
+QUICK_SETUPS = (
+    "direct",
+    "haproxy-tcp",
+    "haproxy-http",
+    "meshagent-iptables",
+    "meshagent-ebpf",
+    "meshagent-ebpf-accel",
+    "direct-xnode",
+    "haproxy-tls",
+    "meshagent-iptables-xnode",
+    "meshagent-ebpf-xnode",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,7 +145,7 @@ class Options:
         if "memory" not in chosen:
             memory = tuple(int(x.split("-")[1]) for x in chosen if x.startswith("memory-"))
         return cls(
-            setups=wanted_setups or tuple(setups.SETUPS),
+            setups=wanted_setups or (QUICK_SETUPS if quick else tuple(setups.SETUPS)),
             loads=run_loads,
             memory_pods=memory,
             duration_s=duration_s or (1.0 if quick else 10.0),

@@ -8,12 +8,24 @@ import time
 
 import pytest
 
-from agent.bench.harness import ALL_LOADS, QUICK_MEMORY_PODS, Options, accel_delta, cpu_seconds
+from agent.bench import setups
+from agent.bench.harness import (
+    ALL_LOADS,
+    QUICK_MEMORY_PODS,
+    QUICK_SETUPS,
+    Options,
+    accel_delta,
+    cpu_seconds,
+)
 
 
-def test_quick_runs_every_setup_and_short_loads_with_memory():
+def test_quick_runs_the_goals_setups_and_short_loads_with_memory():
     opts = Options.make(quick=True)
-    assert "meshagent-ebpf-xnode" in opts.setups
+    assert opts.setups == QUICK_SETUPS
+    peers = {"direct", "haproxy-tcp", "haproxy-http", "direct-xnode", "haproxy-tls"}
+    ours = {f"meshagent-{m}{x}" for m in ("iptables", "ebpf") for x in ("", "-xnode")}
+    assert set(QUICK_SETUPS) == peers | ours | {"meshagent-ebpf-accel"}
+    assert list(QUICK_SETUPS) == [s for s in setups.SETUPS if s in QUICK_SETUPS]  # run order
     assert "http1-rate-2000" in opts.loads
     assert opts.memory_pods == QUICK_MEMORY_PODS
     assert opts.duration_s < 5
@@ -23,6 +35,11 @@ def test_load_prefix_picks_every_rate_and_memory_n_picks_one_count():
     opts = Options.make(quick=False, loads_="http1-rate,memory-50")
     assert opts.loads == tuple(x for x in ALL_LOADS if x.startswith("http1-rate-"))
     assert opts.memory_pods == (50,)
+
+
+def test_the_full_run_and_a_named_setup_run_beyond_quicks():
+    assert Options.make(quick=False).setups == tuple(setups.SETUPS)
+    assert Options.make(quick=True, setups_="python-floor-tls").setups == ("python-floor-tls",)
 
 
 def test_setup_names_match_exactly():
