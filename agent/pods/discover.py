@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import os
 import re
@@ -95,16 +96,20 @@ def uid_variants(uid: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys((low, low.replace("-", "_"))))
 
 
+@functools.lru_cache(maxsize=4096)
+def _uid_pattern(uid: str) -> re.Pattern[str]:
+    """One compiled pattern for every spelling of `uid` (`uid_in_path`): built once per
+    UID, since a /proc scan asks it of every process for every pod it looks for."""
+    spellings = "|".join(re.escape(v) for v in uid_variants(uid))
+    return re.compile(rf"(?:^|/|-)pod(?:{spellings})(?:$|/|\.|-)")
+
+
 def uid_in_path(path: str, uid: str) -> bool:
     """Whether some component of `path` names pod `uid` (module convention)."""
     if not uid:
         return False
     low = path.lower()
-    for variant in uid_variants(uid):
-        pattern = rf"(?:^|/|-)pod{re.escape(variant)}(?:$|/|\.|-)"
-        if re.search(pattern, low):
-            return True
-    return False
+    return "pod" in low and _uid_pattern(uid).search(low) is not None
 
 
 def pod_cgroup_path(lines: Iterable[CgroupLine], uid: str) -> str | None:

@@ -89,6 +89,18 @@ def test_scan_proc_finds_processes_per_uid(tmp_path: Path) -> None:
     assert found["nope"] == []
 
 
+def test_scan_proc_gives_each_of_many_pods_only_its_own_processes(tmp_path: Path) -> None:
+    uids = [f"{n:08x}-2b7a-4f44-9d3e-0a1b2c3d4e5f" for n in range(60)]
+    for n, uid in enumerate(uids):  # systemd spelling for the even ones, cgroupfs for the odd
+        spelled = uid.replace("-", "_") if n % 2 == 0 else uid
+        (tmp_path / str(100 + n)).mkdir()
+        (tmp_path / str(100 + n) / "cgroup").write_text(f"0::/kubepods-pod{spelled}.slice/c\n")
+    found = scan_proc(uids, tmp_path)
+    assert {uid: [c.pid for c in found[uid]] for uid in uids} == {
+        uid: [100 + n] for n, uid in enumerate(uids)
+    }
+
+
 def test_cgroup2_mount_from_proc_mounts() -> None:
     mounts = (
         "cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n"
