@@ -155,24 +155,27 @@ class IptablesInbound:
             chains={rules.REDIRECT_CHAIN: tuple(rules.inbound_rules(spec))},
             jumps=(rules.jump("PREROUTING"),),
         )
-        backend = self.ipt.backend_for(spec)
-        ops = rules.reconcile(want, self.ipt.read(spec, backend))
+        tables = self.ipt.tables(spec)
+        backend = self.ipt.backend_for(spec, tables)
+        current = tables[backend] if backend in tables else self.ipt.read(spec, backend)
+        ops = rules.reconcile(want, current)
         if ops:
             self.ipt.writer(backend).apply(spec, ops)
 
     def unenroll_inbound(self, spec: CaptureSpec) -> None:
         """Raises: RedirectError: iptables failed."""
         if Path(spec.netns).exists():
-            for backend in self.ipt.backends_with_rules(spec):
-                ops = rules.removal(self.ipt.read(spec, backend))
-                self.ipt.writer(backend).apply(spec, ops)
+            tables = self.ipt.tables(spec)
+            for backend in self.ipt.backends_with_rules(spec, tables):
+                self.ipt.writer(backend).apply(spec, rules.removal(tables[backend]))
 
     def has_inbound(self, spec: CaptureSpec) -> bool:
         if not Path(spec.netns).exists():
             return False
+        tables = self.ipt.tables(spec)
         return any(
-            rules.REDIRECT_CHAIN in self.ipt.read(spec, b).chains
-            for b in self.ipt.backends_with_rules(spec)
+            rules.REDIRECT_CHAIN in tables[b].chains
+            for b in self.ipt.backends_with_rules(spec, tables)
         )
 
 

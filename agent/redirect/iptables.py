@@ -141,33 +141,46 @@ class IptablesRedirector:
         """The pod's nat table in `backend`, as the kernel has it."""
         return rules.parse_save(save(spec.netns, backend, counters=counters, pod=spec.pod))
 
-    def backends_with_rules(self, spec: CaptureSpec) -> list[Backend]:
-        """Backends that hold any of our chains or jumps in the pod's netns."""
-        return [b for b in available_backends() if rules.ours(self.read(spec, b))]
+    def tables(self, spec: CaptureSpec) -> dict[Backend, rules.SavedTable]:
+        """The pod's nat table in every available backend (one save each)."""
+        return {b: self.read(spec, b) for b in available_backends()}
 
-    def backend_for(self, spec: CaptureSpec) -> Backend:
+    def backends_with_rules(
+        self, spec: CaptureSpec, tables: dict[Backend, rules.SavedTable] | None = None
+    ) -> list[Backend]:
+        """Backends that hold any of our chains or jumps in the pod's netns (in `tables`,
+        when the caller has just read them)."""
+        tables = self.tables(spec) if tables is None else tables
+        return [b for b, table in tables.items() if rules.ours(table)]
+
+    def backend_for(
+        self, spec: CaptureSpec, tables: dict[Backend, rules.SavedTable] | None = None
+    ) -> Backend:
         """Where this pod's rules go: where they already are (auto), else the host's."""
-        existing = self.backends_with_rules(spec)
+        existing = self.backends_with_rules(spec, tables)
         if self.requested == "auto" and len(existing) == 1:
             return existing[0]
         return self.detection().backend
 
     def enroll(self, spec: CaptureSpec) -> None:
-        """Program (or reconcile) the pod's capture; idempotent.
+        """Program (or reconcile) the pod's capture; idempotent. The kernel is read once
+        per backend before the change and once after it, to verify.
 
         Raises:
             RedirectError: a command failed, or the kernel does not match the plan after.
         """
-        backend = self.backend_for(spec)
-        for other in self.backends_with_rules(spec):
+        tables = self.tables(spec)
+        backend = self.backend_for(spec, tables)
+        for other in self.backends_with_rules(spec, tables):
             if other is not backend:
                 logger.info(
                     "removing rules from other backend",
                     extra={"pod": spec.pod, "backend": other.value},
                 )
-                self._remove(spec, other)
+                self._remove(spec, other, tables[other])
         want = rules.plan(spec)
-        ops = rules.reconcile(want, self.read(spec, backend))
+        current = tables[backend] if backend in tables else self.read(spec, backend)
+        ops = rules.reconcile(want, current)
         if ops:
             self.writer(backend).apply(spec, ops)
         left = rules.drift(want, self.read(spec, backend))
@@ -187,8 +200,10 @@ class IptablesRedirector:
                 )
             )
 
-    def _remove(self, spec: CaptureSpec, backend: Backend) -> int:
-        ops = rules.removal(self.read(spec, backend))
+    def _remove(
+        self, spec: CaptureSpec, backend: Backend, table: rules.SavedTable | None = None
+    ) -> int:
+        ops = rules.removal(self.read(spec, backend) if table is None else table)
         if ops:
             self.writer(backend).apply(spec, ops)
         return len(ops)
@@ -200,8 +215,9 @@ class IptablesRedirector:
             RedirectError: a command failed.
         """
         if Path(spec.netns).exists():
-            for backend in self.backends_with_rules(spec):
-                self._remove(spec, backend)
+            tables = self.tables(spec)
+            for backend in self.backends_with_rules(spec, tables):
+                self._remove(spec, backend, tables[backend])
         if self.registry is not None:
             self.registry.remove(spec.pod)
         logger.info("pod unenrolled", extra={"pod": spec.pod})
@@ -212,7 +228,8 @@ class IptablesRedirector:
         Raises:
             RedirectError: the netns cannot be read.
         """
-        existing = self.backends_with_rules(spec)
-        backend = existing[0] if existing else self.backend_for(spec)
+        tables = self.tables(spec)
+        existing = self.backends_with_rules(spec, tables)
+        backend = existing[0] if existing else self.backend_for(spec, tables)
         text = save(spec.netns, backend, counters=True, pod=spec.pod)
         return state_from_save(spec, text, backend=backend, mixed=len(existing) > 1)
