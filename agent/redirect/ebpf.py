@@ -24,15 +24,18 @@ Pins (all under `pin_root`, /sys/fs/bpf/meshagent):
     pods/<pod-key>/<link> connect4, connect6, sockops (pod cgroup), sk_lookup (pod netns)
 
 Rules:
-1. Programs compile once per process (`install`), each file with
+1. Programs load once per process (`install`): from the cache of compiled
+   programs (`agent.redirect.ebpf_cache`, MESHAGENT_BPF_CACHE) when it holds
+   them for these sources, else compiled, each file with
    `BPF(src_file=..., cflags=["-D..."])`; maps are declared pinned, so a new
    process re-opens the same maps and links already attached keep working
    while the agent restarts. By default (`compile_in_child`, env
    MESHAGENT_EBPF_COMPILE_IN_CHILD=0 to turn off) the compile and load run in
-   a short-lived child (`python -m agent.redirect.ebpf compile PIN_ROOT NAME`,
-   this module's `__main__`, whose body is `ebpf_compile.child_main`)
-   that pins the program under progs/ and exits; this process then opens the
-   pin. bcc's LLVM (~150 MB of RSS) so never stays mapped in the agent.
+   a short-lived child (`python -m agent.redirect.ebpf compile PIN_ROOT NAME
+   [CACHE_DIR]`, this module's `__main__`, whose body is
+   `ebpf_compile.child_main`) that pins the program under progs/, keeps it in
+   the cache and exits; this process then opens the pin. bcc's LLVM (~150 MB
+   of RSS) so never stays mapped in the agent.
 2. Attachments are bpf links pinned in bpffs, so they outlive the process;
    enroll on a pinned link moves it to this process's program (link update),
    unenroll and uninstall detach every link explicitly and remove the pins.

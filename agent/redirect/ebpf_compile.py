@@ -8,10 +8,11 @@ Rules:
    with `BPF(src_file=..., cflags=["-D..."])`, never text substitution; the
    maps are declared pinned under `MA_PIN_MAPS`, so every program and every
    process opens the same maps.
-2. In a child by default: `python -m agent.redirect.ebpf compile PIN_ROOT NAME`
-   (the command is `CHILD_MODULE`; its `__main__` calls `child_main`) compiles,
-   loads and pins one program under PIN_ROOT/progs and exits; the parent opens
-   the pin. bcc's LLVM (~150 MB of RSS) so never stays mapped in the agent.
+2. In a child by default: `python -m agent.redirect.ebpf compile PIN_ROOT NAME
+   [CACHE_DIR]` (the command is `CHILD_MODULE`; its `__main__` calls
+   `child_main`) compiles, loads and pins one program under PIN_ROOT/progs,
+   keeps it in CACHE_DIR (rule 5) and exits; the parent opens the pin. bcc's
+   LLVM (~150 MB of RSS) so never stays mapped in the agent.
 3. The child reports a failure as one JSON line on stdout (`kind`
    "prerequisite" or "redirect", `message`, and `hint` or `action`), and the
    parent raises the same error the compile would have raised in-process.
