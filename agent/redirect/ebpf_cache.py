@@ -308,6 +308,16 @@ def lookup(cache_dir: Path, key: str, program: str) -> Entry:
     return entry
 
 
+def cached(cache_dir: Path, key: str, programs: list[str]) -> list[str]:
+    """Which of `programs` have a usable entry under `key` (for `meshagent check`)."""
+    out = []
+    for program in programs:
+        with contextlib.suppress(CacheMiss):
+            lookup(cache_dir, key, program)
+            out.append(program)
+    return out
+
+
 def store(cache_dir: Path, entry: Entry) -> Path:
     """Write `entry` whole (rule 4); its path.
 

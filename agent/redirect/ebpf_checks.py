@@ -11,9 +11,9 @@ from __future__ import annotations
 import ctypes
 import os
 
-from agent.redirect import maps
+from agent.redirect import ebpf_cache, maps
 from agent.redirect.check import CheckResult
-from agent.redirect.ebpf_compile import HEADERS_HINT, PROGRAMS, Program, headers_dir
+from agent.redirect.ebpf_compile import HEADERS_HINT, PROGRAMS, Program, headers_dir, source_key
 from agent.redirect.ebpf_node import BPFFS, bpffs_mounted, cgroup2_mount
 
 # Tiny programs: `r0 = 1; exit` (1 is "allow" for cgroup hooks, SK_PASS for the others).
@@ -41,6 +41,22 @@ def probe_program(prog: Program) -> str:
         return os.strerror(-fd)
     os.close(fd)
     return ""
+
+
+def _cache_check() -> CheckResult:
+    """Whether an agent starting now loads its programs or compiles them (informational)."""
+    name = "compiled program cache"
+    cache_dir = ebpf_cache.cache_dir_from_env()
+    if cache_dir is None:
+        detail = f"off ({ebpf_cache.ENV_CACHE}): every start compiles each program"
+        return CheckResult(name=name, ok=True, detail=detail)
+    try:
+        have = ebpf_cache.cached(cache_dir, source_key(), list(PROGRAMS))
+    except OSError as exc:  # bpf/ unreadable: the compile will say so too
+        return CheckResult(name=name, ok=True, detail=f"{cache_dir}: cannot key the sources: {exc}")
+    detail = f"{cache_dir}: {len(have)} of {len(PROGRAMS)} programs kept for these sources"
+    hint = "" if have else "the first eBPF start compiles each (about 1 s) and keeps it here"
+    return CheckResult(name=name, ok=True, detail=detail, hint=hint)
 
 
 def checks() -> list[CheckResult]:
@@ -83,6 +99,7 @@ def checks() -> list[CheckResult]:
             hint="" if cg else "mount -t cgroup2 none /sys/fs/cgroup/unified",
         )
     )
+    out.append(_cache_check())
     for prog in PROGRAMS.values():
         why = probe_program(prog)
         hint = ""

@@ -445,6 +445,7 @@ def test_cli_check_passes_here_and_reports_the_auto_mode(capsys):
         "REDIRECT target (nft)",
         "mark match (legacy)",
         "comment match (nft)",
+        "compiled program cache",
     ):
         assert names[needed] == "pass"
     assert data["redirect_auto"]["mode"] in ("iptables", "ebpf")

@@ -160,6 +160,15 @@ def test_lookup_misses_rather_than_fails(tmp_path, why):
         ebpf_cache.lookup(tmp_path, key, "connect4")
 
 
+def test_cached_names_the_programs_with_a_usable_entry(tmp_path):
+    key = "k" * 64
+    ebpf_cache.store(tmp_path, _entry())
+    broken = ebpf_cache.entry_path(tmp_path, key, "sockops")
+    broken.write_text("{}")
+    assert ebpf_cache.cached(tmp_path, key, ["connect4", "sockops", "sk_msg"]) == ["connect4"]
+    assert ebpf_cache.cached(tmp_path, "j" * 64, ["connect4"]) == []
+
+
 @pytest.mark.parametrize(
     ("value", "want"),
     [
