@@ -394,8 +394,8 @@ def entry_from_bcc(bpf: Any, *, key: str, program: str, prog_type: int, attach_t
     )
 
 
-class _LoadOpts(ctypes.Structure):
-    """The head of libbpf's `struct bpf_prog_load_opts`."""
+class LoadOpts(ctypes.Structure):
+    """The head of libbpf's `struct bpf_prog_load_opts` (older layouts are accepted)."""
 
     _fields_ = (
         ("sz", ctypes.c_size_t),
@@ -481,7 +481,7 @@ def load_entry(entry: Entry, maps_dir: Path) -> int:
         except NotCacheable as exc:
             raise CacheMiss(str(exc)) from exc
         buf = ctypes.create_string_buffer(insns, len(insns))
-        opts = _LoadOpts(ctypes.sizeof(_LoadOpts), 0, entry.attach_type)
+        opts = LoadOpts(ctypes.sizeof(LoadOpts), 0, entry.attach_type)
         fd = bpf_objects.libbpf().bpf_prog_load(
             entry.prog_type,
             f"ma_{entry.program}"[:15].encode(),

@@ -20,19 +20,9 @@ from agent.redirect.ebpf_node import BPFFS, bpffs_mounted, cgroup2_mount
 _TINY = bytes.fromhex("b7000000010000009500000000000000")
 
 
-class _LoadOpts(ctypes.Structure):
-    """The head of libbpf's `struct bpf_prog_load_opts` (older layouts are accepted)."""
-
-    _fields_ = (
-        ("sz", ctypes.c_size_t),
-        ("attempts", ctypes.c_int),
-        ("expected_attach_type", ctypes.c_int),
-    )
-
-
 def probe_program(prog: Program) -> str:
     """ "" if the kernel loads a program of `prog`'s type and attach type, else why not."""
-    opts = _LoadOpts(ctypes.sizeof(_LoadOpts), 0, prog.attach_type)
+    opts = ebpf_cache.LoadOpts(ctypes.sizeof(ebpf_cache.LoadOpts), 0, prog.attach_type)
     insns = ctypes.create_string_buffer(_TINY, len(_TINY))
     fd = maps.libbpf().bpf_prog_load(
         prog.prog_type, b"ma_probe", b"GPL", insns, len(_TINY) // 8, ctypes.byref(opts)

@@ -241,12 +241,7 @@ def test_pins_survive_a_reload(pods, spec, redirector, pin_root):
     old = redirector["r"]
     map_ids = _map_ids(pin_root)
     old.close()  # the agent exits: only pins hold programs, maps and links
-    with _listen(app, "127.0.0.1", spec.outbound_port) as outbound:
-        proc = _client(app, srv.ip, 8080)
-        conn, _ = _serve_one(outbound)
-        with conn:
-            assert original_dst(conn) == (srv.ip, 8080)
-        assert _finish(proc) == "pong"
+    _check_outbound_captured(app, spec, srv)
     new = EbpfRedirector(pin_root=pin_root, accelerate=False)
     redirector["r"] = new
     new.enroll(spec)  # loads again; re-opens the pinned maps; moves links to its programs
@@ -254,12 +249,7 @@ def test_pins_survive_a_reload(pods, spec, redirector, pin_root):
     assert _map_ids(pin_root) == map_ids
     links = new.inspect(spec).extra["links"]
     assert links["connect4"]["prog_id"] == maps.prog_id(new._fds["connect4"])
-    with _listen(app, "127.0.0.1", spec.outbound_port) as outbound:
-        proc = _client(app, srv.ip, 8080)
-        conn, _ = _serve_one(outbound)
-        with conn:
-            assert original_dst(conn) == (srv.ip, 8080)
-        assert _finish(proc) == "pong"
+    _check_outbound_captured(app, spec, srv)
 
 
 def test_inbound_falls_back_to_iptables_when_sk_lookup_is_unavailable(pods, pin_root):
@@ -302,17 +292,23 @@ def test_a_new_pin_root_loads_every_program_from_the_cache_and_captures(pods, tm
         second.enroll(cspec)  # no map pinned yet: made from the entries' specs
         assert second.loaded_from == dict.fromkeys(first.loaded_from, "cache")
         assert _map_specs(second_root) == specs
-        with _listen(pod, "127.0.0.1", cspec.outbound_port) as outbound:
-            proc = _client(pod, srv.ip, 8080)
-            conn, _ = _serve_one(outbound)
-            with conn:
-                assert original_dst(conn) == (srv.ip, 8080)
-            assert _finish(proc) == "pong"
+        _check_outbound_captured(pod, cspec, srv)
     finally:
         second.unenroll(cspec)
         second.close()
         second.uninstall()
     assert not second_root.exists()
+
+
+def _check_outbound_captured(pod, spec: CaptureSpec, srv) -> None:
+    """A connect from `pod` to srv:8080 reaches its outbound listener, which reads the
+    exact original destination, and the client gets the listener's answer."""
+    with _listen(pod, "127.0.0.1", spec.outbound_port) as outbound:
+        proc = _client(pod, srv.ip, 8080)
+        conn, _ = _serve_one(outbound)
+        with conn:
+            assert original_dst(conn) == (srv.ip, 8080)
+        assert _finish(proc) == "pong"
 
 
 def _map_specs(pin_root: Path) -> dict[str, ebpf_cache.MapSpec]:
