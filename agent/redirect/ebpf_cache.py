@@ -22,8 +22,9 @@ Rules:
    created and pinned, as bcc's pinned tables would be. Any mismatch or failed
    call is a miss (`CacheMiss`): the caller compiles with bcc, as before.
 4. Entries are written whole (temporary file, then rename) in directories
-   made for root only (0700); an entry that does not parse is a miss, and the next
-   compile overwrites it.
+   made for root only (0700), with a digest of their fields; an entry that does
+   not parse or whose digest does not match is a miss, and the next compile
+   overwrites it.
 5. MESHAGENT_BPF_CACHE names the directory (default /var/cache/meshagent/bpf);
    "off" turns the cache off (`cache_dir_from_env`).
 """
@@ -159,29 +160,27 @@ class Entry:
     maps: dict[str, MapSpec]
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": FORMAT,
-                "key": self.key,
-                "program": self.program,
-                "prog_type": self.prog_type,
-                "attach_type": self.attach_type,
-                "license": self.license,
-                "insns": self.insns.hex(),
-                "relocs": [list(r) for r in self.relocs],
-                "maps": {
-                    n: {
-                        "type": s.type,
-                        "key_size": s.key_size,
-                        "value_size": s.value_size,
-                        "max_entries": s.max_entries,
-                        "flags": s.flags,
-                    }
-                    for n, s in sorted(self.maps.items())
-                },
+        body = {
+            "format": FORMAT,
+            "key": self.key,
+            "program": self.program,
+            "prog_type": self.prog_type,
+            "attach_type": self.attach_type,
+            "license": self.license,
+            "insns": self.insns.hex(),
+            "relocs": [list(r) for r in self.relocs],
+            "maps": {
+                n: {
+                    "type": s.type,
+                    "key_size": s.key_size,
+                    "value_size": s.value_size,
+                    "max_entries": s.max_entries,
+                    "flags": s.flags,
+                }
+                for n, s in sorted(self.maps.items())
             },
-            indent=1,
-        )
+        }
+        return json.dumps({**body, "digest": entry_digest(body)}, indent=1)
 
     @classmethod
     def parse(cls, text: str, where: str) -> Entry:
@@ -197,6 +196,9 @@ class Entry:
             raise BadEntry(f"{where}: not JSON: {exc}") from exc
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
             raise BadEntry(f"{where}: not a format {FORMAT} entry")
+        digest = raw.pop("digest", None)
+        if digest != entry_digest(raw):
+            raise BadEntry(f"{where}: digest does not match its content (changed after written)")
         strings = {n: raw.get(n) for n in ("key", "program", "license", "insns")}
         for name, value in strings.items():
             if not isinstance(value, str) or not value:
@@ -246,6 +248,11 @@ class Entry:
         if {i for i, _ in out} != refs:
             raise BadEntry(f"{where}: relocs do not cover every map reference")
         return tuple(out)
+
+
+def entry_digest(body: dict[str, Any]) -> str:
+    """SHA-256 of an entry's fields as canonical JSON: a changed byte is a miss (rule 4)."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 # --- files ----------------------------------------------------------------------------

@@ -108,9 +108,21 @@ def test_entry_survives_its_json():
 
 
 def _raw(**changes):
+    """An entry's JSON with `changes`, digested again (so the field checks are reached)."""
     raw = json.loads(_entry().to_json())
     raw.update(changes)
-    return json.dumps(raw)
+    del raw["digest"]
+    return json.dumps({**raw, "digest": ebpf_cache.entry_digest(raw)})
+
+
+def test_an_entry_changed_after_it_was_written_is_refused():
+    raw = json.loads(_entry().to_json())
+    raw["insns"] = raw["insns"][:-2] + ("00" if raw["insns"][-2:] != "00" else "01")
+    with pytest.raises(ValueError, match=r"x\.json: digest does not match"):
+        Entry.parse(json.dumps(raw), "x.json")
+    del raw["digest"]
+    with pytest.raises(ValueError, match="digest does not match"):
+        Entry.parse(json.dumps(raw), "x.json")
 
 
 @pytest.mark.parametrize(
