@@ -176,7 +176,9 @@ class LinkInfo:
         return cls(id=link_id, prog_id=prog_id, kind=kind, target=target, attach_type=attach)
 
 
-def prog_id(fd: int) -> int:
+def obj_id(fd: int) -> int:
+    """The kernel's id of the prog, map or link `fd` (each info struct has it after its
+    type)."""
     return int(struct.unpack_from("<I", obj_info(fd), 4)[0])
 
 
@@ -217,7 +219,7 @@ def ensure_link(pin: Path, prog_fd: int, target: Path, attach_type: int) -> None
         if fd is not None:
             info = LinkInfo.of(fd)
             if info.target == want_target and info.attach_type == attach_type:
-                if info.prog_id != prog_id(prog_fd):
+                if info.prog_id != obj_id(prog_fd):
                     check(libbpf().bpf_link_update(fd, prog_fd, None), "bpf_link_update", str(pin))
                 return
             remove_link(pin)

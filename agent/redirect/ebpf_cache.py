@@ -358,10 +358,6 @@ def map_spec_of(fd: int) -> MapSpec:
     return MapSpec(type=kind, key_size=key, value_size=value, max_entries=entries, flags=flags)
 
 
-def map_id_of(fd: int) -> int:
-    return int(struct.unpack_from("<I", bpf_objects.obj_info(fd), 4)[0])
-
-
 def entry_from_bcc(bpf: Any, *, key: str, program: str, prog_type: int, attach_type: int) -> Entry:
     """The entry of a program bcc compiled (`bpf`, a `bcc.BPF`), named `ma_<program>`.
 
@@ -381,11 +377,11 @@ def entry_from_bcc(bpf: Any, *, key: str, program: str, prog_type: int, attach_t
     for i in range(lib.bpf_num_tables(bpf.module)):
         fd = lib.bpf_table_fd_id(bpf.module, i)
         name = lib.bpf_table_name(bpf.module, i).decode()
-        tables[map_id_of(fd)] = (name, map_spec_of(fd))
+        tables[bpf_objects.obj_id(fd)] = (name, map_spec_of(fd))
     insns = bpf.dump_func(f"ma_{program}".encode())
     relocs = []
     for index, fd in map_refs(insns):
-        found = tables.get(map_id_of(fd))
+        found = tables.get(bpf_objects.obj_id(fd))
         if found is None:
             raise NotCacheable(f"instruction {index}: fd {fd} is not a map of {program}.c")
         relocs.append((index, found[0]))

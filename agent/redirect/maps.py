@@ -36,11 +36,11 @@ from agent.redirect.bpf_objects import (
     libbpf,
     link_infos,
     obj_get,
+    obj_id,
     obj_info,
     obj_pin,
     object_ids,
     pinned,
-    prog_id,
     remove_link,
 )
 from agent.redirect.maps_abi import (
@@ -124,13 +124,13 @@ __all__ = [
     "link_infos",
     "netns_cookie",
     "obj_get",
+    "obj_id",
     "obj_info",
     "obj_pin",
     "object_ids",
     "orig_dst_addr",
     "pinned",
     "pod_config",
-    "prog_id",
     "remove_link",
 ]
 

@@ -248,7 +248,7 @@ def test_pins_survive_a_reload(pods, spec, redirector, pin_root):
     assert set(new.loaded_from.values()) == {"cache"}  # compiled by the first, at the latest
     assert _map_ids(pin_root) == map_ids
     links = new.inspect(spec).extra["links"]
-    assert links["connect4"]["prog_id"] == maps.prog_id(new._fds["connect4"])
+    assert links["connect4"]["prog_id"] == maps.obj_id(new._fds["connect4"])
     _check_outbound_captured(app, spec, srv)
 
 
@@ -326,7 +326,7 @@ def _map_ids(pin_root: Path) -> dict[str, int]:
         if not (pin_root / "maps" / name).exists():
             continue  # sk_msg's own maps: pinned once acceleration loads it
         with maps.PinnedMap.open(pin_root / "maps", name) as m:
-            out[name] = int.from_bytes(maps.obj_info(m.fd)[4:8], "little")
+            out[name] = maps.obj_id(m.fd)
     return out
 
 

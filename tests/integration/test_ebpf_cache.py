@@ -66,10 +66,10 @@ def test_an_entry_makes_and_pins_its_missing_map_and_loads(maps_dir):
 def test_a_second_load_reuses_the_pinned_map(maps_dir):
     os.close(ebpf_cache.load_entry(_entry(ALLOW), maps_dir))
     with maps.pinned(maps_dir / "ma_t") as fd:
-        first = ebpf_cache.map_id_of(fd)
+        first = maps.obj_id(fd)
     os.close(ebpf_cache.load_entry(_entry(ALLOW), maps_dir))
     with maps.pinned(maps_dir / "ma_t") as fd:
-        assert ebpf_cache.map_id_of(fd) == first
+        assert maps.obj_id(fd) == first
 
 
 def test_a_pinned_map_of_another_spec_is_a_miss_and_stays(maps_dir):
