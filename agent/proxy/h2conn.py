@@ -8,6 +8,16 @@ iteration (`flush`), at once past `FLUSH_BYTES`. After a batch of frames it call
 sinks of the streams that got something (`touch`, `run_sinks`), then `on_incoming` for
 each new request stream: what one read brought is seen whole (a request's DATA and
 end, a response's head and end), so it goes on in as few frames.
+
+A lane is paced (`paced`: the connection runs over the mesh's mTLS, so its peer is
+another node's proxy, on other CPUs). Holding every frame to the end of the iteration
+would hand that peer the whole batch at once, after this side made all of it, and the
+two nodes would take turns, each idle while the other works. So a lane also writes
+early (`write_early`): the client side when the streams it opened since its last write
+are at least as many as the peer holds (sent, unanswered); the server side when the
+streams it finished since its last write are at least as many as it still works on.
+A batch goes out in a few writes, each large enough to keep the peer busy while this
+side makes the next (bench/RESULTS.md, thirtieth pass).
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from agent.proxy.h2codec import H2Codec
 from agent.proxy.h2events import H2ConnectionError, H2StreamClosedError
 from agent.proxy.h2frame import ErrorCode
 from agent.proxy.h2stream import CANCEL, END, Data, H2Stream, Head, Item, StreamGoneError, Trailers
+from agent.proxy.tlsio import TlsTransport
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
@@ -39,6 +50,13 @@ LOW_WATER: Final = 64 * 1024
 FLUSH_BYTES: Final = 64 * 1024
 IDLE_TIMEOUT_S: Final = 60.0
 MAX_STREAMS: Final = 1000  # concurrent streams a peer may open towards us
+
+
+def write_early(held: int, other: int) -> bool:
+    """Whether a paced connection writes now (module doc): it holds `held` streams back
+    since its last write (opened, client side; finished, server side), against `other`
+    (the streams the peer holds, client side; those still in progress, server side)."""
+    return held > 0 and held >= other
 
 
 class H2Conn(asyncio.Protocol):
@@ -64,6 +82,8 @@ class H2Conn(asyncio.Protocol):
         self._write_paused = False
         self._flush_soon = False
         self._queued = 0  # DATA bytes handed to the codec since the last write
+        self.paced = False  # a lane between proxies (module doc); set on connection_made
+        self._held = 0  # streams opened (client) or finished (server) since the last write
         self._waiters: list[asyncio.Future[None]] = []  # window or drain or news
         self._idle: asyncio.TimerHandle | None = None
         self.on_idle: Callable[[H2Conn], None] | None = None
@@ -79,6 +99,7 @@ class H2Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         tr = cast("asyncio.Transport", transport)
         self.transport = tr
+        self.paced = isinstance(tr, TlsTransport)
         tr.set_write_buffer_limits(HIGH_WATER, LOW_WATER)
         self.h2.initiate()
         self.flush()
@@ -259,6 +280,7 @@ class H2Conn(asyncio.Protocol):
         """Write what the codec queued now."""
         self._flush_soon = False
         self._queued = 0
+        self._held = 0
         data = self.h2.data_to_send()
         tr = self.transport
         if data and tr is not None and not tr.is_closing():
@@ -272,8 +294,13 @@ class H2Conn(asyncio.Protocol):
 
     def forget(self, stream: H2Stream) -> None:
         """The stream is over on both sides (or reset): stop routing frames to it."""
-        if self.streams.get(stream.sid) is stream:
-            del self.streams[stream.sid]
+        streams = self.streams
+        if streams.get(stream.sid) is stream:
+            del streams[stream.sid]
+            if self.paced and not self.client_side:
+                self._held += 1
+                if write_early(self._held, len(streams)):
+                    self.flush_now()
         self._maybe_idle()
 
     def _busy(self) -> None:
@@ -357,6 +384,11 @@ class H2Conn(asyncio.Protocol):
         self.streams[sid] = stream
         stream.local_ended = end
         self._busy()
+        if self.paced:
+            self._held += 1
+            if write_early(self._held, len(self.streams) - self._held):
+                self.flush_now()
+                return stream
         self.flush()
         return stream
 

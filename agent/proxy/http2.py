@@ -43,7 +43,9 @@ Rules:
    with the rest of the path (agent.native), with no per-frame objects; frames of
    every stream go out in one write per connection per loop iteration (`flush`
    schedules it; `queued` writes at once past `FLUSH_BYTES` of DATA so `drained`
-   sees the transport's buffer); what is sent is not checked again (h2msg rule 4:
+   sees the transport's buffer; a lane to another node's proxy, over mTLS, also
+   writes as soon as it holds back as many streams as the other side has, h2conn's
+   `write_early`); what is sent is not checked again (h2msg rule 4:
    what is forwarded was checked when received); a bodiless request gets no
    request-body task; a plain end queued behind DATA goes in that DATA's last frame;
    a stream's task has one done callback (the connection's set keeps it referenced);
