@@ -374,7 +374,8 @@ class UpExchange:
         self.stream.close()
         out = self.out
         if out:
-            conn.batch.hold(conn.transport, out[0] if len(out) == 1 else b"".join(out))
+            data = out[0] if len(out) == 1 else b"".join(out)
+            conn.batch.hold(conn.transport, data, lane=True)  # writes rule 5
             out.clear()
         status = self.status
         assert status is not None  # noqa: S101 - the end comes after the head

@@ -23,6 +23,13 @@ Rules:
    control is needed between the hold and the write.
 4. A transport that closed meanwhile is skipped; a write that fails aborts its own
    transport only (logged once); the other held writes still leave.
+5. Responses that came over a lane (`hold(..., lane=True)`: h1toh2, a peer node's proxy
+   answered) leave at most `LANE_PART` per callback, the loop polling in between. Each
+   write wakes a client that sends its next request at once; polled, those requests go
+   on to the lane, which writes them early (agent.proxy.h2conn), while the rest of the
+   responses still leave. Held to one flush, the next requests waited for all of them
+   and the peer node idled meanwhile (bench/RESULTS.md, thirtieth pass). Another write
+   of the path still flushes everything held first (rule 2).
 """
 
 from __future__ import annotations
@@ -39,26 +46,47 @@ logger = logging.getLogger(__name__)
 
 # Flushes run outside any connection's context: they write for many connections.
 _CONTEXT: Final = contextvars.Context()
+LANE_PART: Final = 8  # held writes per callback after a lane's responses (rule 5)
 
 
 class WriteBatch:
     """The writes one event loop holds until its current batch of callbacks ends."""
 
-    __slots__ = ("_loop", "items")
+    __slots__ = ("_loop", "items", "lane")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)  # the registry's value: a strong one would keep it
         self.items: list[tuple[asyncio.WriteTransport, bytes | memoryview]] = []
+        self.lane = False  # a lane's response is held (rule 5)
 
-    def hold(self, transport: asyncio.WriteTransport, data: bytes | memoryview) -> None:
-        """Write `data` to `transport` when the loop's current batch of callbacks ends."""
+    def hold(
+        self, transport: asyncio.WriteTransport, data: bytes | memoryview, *, lane: bool = False
+    ) -> None:
+        """Write `data` to `transport` when the loop's current batch of callbacks ends
+        (`lane`: a response that came over a lane, rule 5)."""
         items = self.items
         if not items:
-            loop = self._loop()
-            if loop is None:
-                raise RuntimeError("BUG: a write held for a loop that is gone")
-            loop.call_soon(self.flush, context=_CONTEXT)
+            self._schedule()
         items.append((transport, data))
+        if lane:
+            self.lane = True
+
+    def _schedule(self) -> None:
+        loop = self._loop()
+        if loop is None:
+            raise RuntimeError("BUG: a write held for a loop that is gone")
+        loop.call_soon(self.due, context=_CONTEXT)
+
+    def due(self) -> None:
+        """The batch's end (rule 1): write what is held, in parts after a lane's
+        responses (rule 5)."""
+        items = self.items
+        if not self.lane or len(items) <= LANE_PART:
+            self.flush()
+            return
+        self.items = items[LANE_PART:]
+        self._schedule()  # after the loop polled again
+        _write(items[:LANE_PART])
 
     def flush(self) -> None:
         """Write everything held, in order (rule 2; a no-op when nothing is)."""
@@ -66,14 +94,20 @@ class WriteBatch:
         if not items:
             return
         self.items = []
-        for transport, data in items:
-            if transport.is_closing():
-                continue
-            try:
-                transport.write(data)
-            except Exception:  # rule 4: one transport's failure stays its own
-                logger.warning("held write failed, aborting its connection", exc_info=True)
-                transport.abort()
+        self.lane = False
+        _write(items)
+
+
+def _write(items: list[tuple[asyncio.WriteTransport, bytes | memoryview]]) -> None:
+    """Rule 4: each held write, skipping closed transports; a failure stays its own."""
+    for transport, data in items:
+        if transport.is_closing():
+            continue
+        try:
+            transport.write(data)
+        except Exception:  # rule 4: one transport's failure stays its own
+            logger.warning("held write failed, aborting its connection", exc_info=True)
+            transport.abort()
 
 
 _BATCHES: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WriteBatch]] = (

@@ -110,6 +110,69 @@ def test_a_closed_or_failing_transport_loses_only_its_own_write(
     assert isinstance(failed[0].exc_info[1], RuntimeError)
 
 
+def _arrived(peers: list[socket.socket], got: list[bytes]) -> int:
+    """Read what arrived on each of `peers` into `got`; how many have something."""
+    for i, peer in enumerate(peers):
+        got[i] += _pending(peer)
+    return sum(1 for g in got if g)
+
+
+def test_a_lanes_responses_leave_in_parts_with_a_poll_between_and_others_at_once() -> None:
+    """Rule 5: 20 responses that came over a lane leave 8, 8 and 4, one part per loop
+    iteration; 20 others leave in one."""
+    n = 20
+
+    async def main() -> None:
+        with _pairs(n) as pairs:
+            trs = [await _transport(ours) for ours, _ in pairs]
+            peers = [theirs for _, theirs in pairs]
+            batch = writes.batch_for(asyncio.get_running_loop())
+            got = [b""] * n
+            for i, tr in enumerate(trs):
+                batch.hold(tr, b"lane %d" % i, lane=True)
+            parts = []
+            for _ in range(4):
+                await asyncio.sleep(0)  # one loop iteration
+                parts.append(_arrived(peers, got))
+            assert parts == [writes.LANE_PART, 2 * writes.LANE_PART, n, n]
+            assert got == [b"lane %d" % i for i in range(n)]
+            got = [b""] * n
+            for i, tr in enumerate(trs):
+                batch.hold(tr, b"plain %d" % i)
+            await asyncio.sleep(0)
+            assert _arrived(peers, got) == n
+            assert got == [b"plain %d" % i for i in range(n)]
+            for tr in trs:
+                tr.close()
+
+    aio.run(main())
+
+
+def test_flush_writes_the_rest_of_a_lanes_parts_before_a_direct_write() -> None:
+    """Rule 2 holds in parts too: a write of the path flushes all that is still held."""
+    n = 12
+
+    async def main() -> None:
+        with _pairs(n) as pairs:
+            trs = [await _transport(ours) for ours, _ in pairs]
+            peers = [theirs for _, theirs in pairs]
+            batch = writes.batch_for(asyncio.get_running_loop())
+            for i, tr in enumerate(trs):
+                batch.hold(tr, b"r%d " % i, lane=True)
+            await asyncio.sleep(0)
+            got = [b""] * n
+            assert _arrived(peers, got) == writes.LANE_PART
+            batch.flush()
+            trs[-1].write(b"after")
+            assert _arrived(peers, got) == n
+            assert got[-1] == b"r%d after" % (n - 1)
+            assert not batch.lane
+            for tr in trs:
+                tr.close()
+
+    aio.run(main())
+
+
 def test_each_loop_has_one_batch_which_goes_with_it() -> None:
     async def batch_of_this_loop() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
