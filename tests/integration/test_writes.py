@@ -110,6 +110,18 @@ def test_a_closed_or_failing_transport_loses_only_its_own_write(
     assert isinstance(failed[0].exc_info[1], RuntimeError)
 
 
+async def _held_to_each(
+    pairs: list[tuple[socket.socket, socket.socket]], form: bytes, *, lane: bool
+) -> tuple[list[asyncio.Transport], list[socket.socket], writes.WriteBatch]:
+    """A transport on each pair's first socket, `form % i` held for the i-th; the
+    transports, the peers and the batch."""
+    trs = [await _transport(ours) for ours, _ in pairs]
+    batch = writes.batch_for(asyncio.get_running_loop())
+    for i, tr in enumerate(trs):
+        batch.hold(tr, form % i, lane=lane)
+    return trs, [theirs for _, theirs in pairs], batch
+
+
 def _arrived(peers: list[socket.socket], got: list[bytes]) -> int:
     """Read what arrived on each of `peers` into `got`; how many have something."""
     for i, peer in enumerate(peers):
@@ -124,12 +136,8 @@ def test_a_lanes_responses_leave_in_parts_with_a_poll_between_and_others_at_once
 
     async def main() -> None:
         with _pairs(n) as pairs:
-            trs = [await _transport(ours) for ours, _ in pairs]
-            peers = [theirs for _, theirs in pairs]
-            batch = writes.batch_for(asyncio.get_running_loop())
+            trs, peers, batch = await _held_to_each(pairs, b"lane %d", lane=True)
             got = [b""] * n
-            for i, tr in enumerate(trs):
-                batch.hold(tr, b"lane %d" % i, lane=True)
             parts = []
             for _ in range(4):
                 await asyncio.sleep(0)  # one loop iteration
@@ -154,11 +162,7 @@ def test_flush_writes_the_rest_of_a_lanes_parts_before_a_direct_write() -> None:
 
     async def main() -> None:
         with _pairs(n) as pairs:
-            trs = [await _transport(ours) for ours, _ in pairs]
-            peers = [theirs for _, theirs in pairs]
-            batch = writes.batch_for(asyncio.get_running_loop())
-            for i, tr in enumerate(trs):
-                batch.hold(tr, b"r%d " % i, lane=True)
+            trs, peers, batch = await _held_to_each(pairs, b"r%d ", lane=True)
             await asyncio.sleep(0)
             got = [b""] * n
             assert _arrived(peers, got) == writes.LANE_PART
