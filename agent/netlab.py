@@ -155,6 +155,11 @@ class Lab:
             if pod.node.name == node.name:
                 pod.move_to(chosen)
 
+    @property
+    def closed(self) -> bool:
+        """`close` ran (or runs now, from another thread)."""
+        return self._closed
+
     def cpus_of(self, node: LabNode) -> frozenset[int] | None:
         """The CPUs `node` is placed on, or None."""
         return self._cpus.get(node.name)
@@ -360,7 +365,7 @@ class Lab:
         if self._closed:
             return
         self._closed = True
-        for proc in self._procs.values():
+        for proc in list(self._procs.values()):  # other threads may still start some
             kill_popen(proc)
         errors = teardown(self._records)
         self._records = []

@@ -122,7 +122,14 @@ class LabPod:
         return netns.socket_in(self.netns, family, type_)
 
     def spawn(self, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
-        """Start `argv` inside the pod (netns and cgroup); the lab kills it on close."""
+        """Start `argv` inside the pod (netns and cgroup); the lab kills it on close.
+
+        Raises:
+            LabError: the lab closed (before, or while it started: its cgroup went).
+        """
+        what = f"pod {self.name}: {' '.join(argv)}"
+        if self._lab.closed:
+            raise LabError(what, "the lab closed")
         cgroup = self.cgroup
         cpus = self._lab.cpus_of(self.node)
 
@@ -133,12 +140,17 @@ class LabPod:
             if cpus is not None:  # rule 4
                 os.sched_setaffinity(0, cpus)
 
-        proc = subprocess.Popen(
-            [*netns.exec_argv(self.netns), *argv],
-            preexec_fn=enter_cgroup,  # noqa: PLW1509 - how the child joins the cgroup
-            start_new_session=True,
-            **popen,
-        )
+        try:
+            proc = subprocess.Popen(
+                [*netns.exec_argv(self.netns), *argv],
+                preexec_fn=enter_cgroup,  # noqa: PLW1509 - how the child joins the cgroup
+                start_new_session=True,
+                **popen,
+            )
+        except subprocess.SubprocessError as exc:
+            if not self._lab.closed:
+                raise
+            raise LabError(what, "the lab closed") from exc
         self._lab.track(proc)
         return proc
 
@@ -171,7 +183,8 @@ class LabPod:
         """Run `argv` in the pod to completion; output as text.
 
         Raises:
-            LabError: `check` and it exited non-zero, or it timed out.
+            LabError: `check` and it exited non-zero, or it timed out, or the lab closed
+                while it ran (which kills it and closes its pipes).
         """
         proc = self.spawn(
             argv,
@@ -188,6 +201,10 @@ class LabPod:
             raise LabError(
                 f"pod {self.name}: {' '.join(argv)}", f"timed out after {timeout}s"
             ) from None
+        except (OSError, ValueError) as exc:  # its pipes closed under it
+            if not self._lab.closed:
+                raise
+            raise LabError(f"pod {self.name}: {' '.join(argv)}", "the lab closed") from exc
         finally:
             self._lab.untrack(proc)
         if check and proc.returncode != 0:

@@ -158,6 +158,39 @@ def test_processes_started_from_many_threads_at_once_are_all_recorded(lab):
     assert [r for r in state["records"] if r["kind"] == "proc"] == []  # each run untracked
 
 
+def test_closing_while_other_threads_still_start_processes_fails_nothing_and_leaves_none():
+    """A lab closed while load threads still run commands in its pods (as a bench's load
+    thread can outlive its `with`): close succeeds, and what they started ends."""
+    prefix = new_prefix()
+    lb = Lab(prefix)
+    pod = lb.pod(lb.node("n1"), "a")
+    stop = time.monotonic() + 3
+    started: list[int] = []
+
+    def keep_running() -> None:
+        while time.monotonic() < stop:
+            try:
+                done = pod.run(
+                    [sys.executable, "-c", "import os,time;print(os.getpid());time.sleep(0.02)"],
+                    timeout=10,
+                )
+            except netlab.LabError:
+                return  # the pod is gone: what a load sees after the close
+            started.append(int(done.stdout))
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(keep_running) for _ in range(8)]
+        while len(started) < 16:
+            time.sleep(0.01)
+        lb.close()
+        for f in futures:
+            f.result()
+    assert started
+    alive = [pid for pid in started if Path(f"/proc/{pid}").exists()]
+    assert alive == []
+    assert snapshot(prefix) == {"netns": set(), "links": set(), "cgroups": set(), "state": set()}
+
+
 THREADED = (
     "import threading,time;t=threading.Thread(target=time.sleep,args=(30,));t.start();"
     "print('up',flush=True);t.join()"
