@@ -186,6 +186,7 @@ class LabPod:
             LabError: `check` and it exited non-zero, or it timed out, or the lab closed
                 while it ran (which kills it and closes its pipes).
         """
+        what = f"pod {self.name}: {' '.join(argv)}"
         proc = self.spawn(
             argv,
             stdin=subprocess.PIPE if input_ is not None else subprocess.DEVNULL,
@@ -198,15 +199,13 @@ class LabPod:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            raise LabError(
-                f"pod {self.name}: {' '.join(argv)}", f"timed out after {timeout}s"
-            ) from None
+            raise LabError(what, f"timed out after {timeout}s") from None
         except (OSError, ValueError) as exc:  # its pipes closed under it
             if not self._lab.closed:
                 raise
-            raise LabError(f"pod {self.name}: {' '.join(argv)}", "the lab closed") from exc
+            raise LabError(what, "the lab closed") from exc
         finally:
             self._lab.untrack(proc)
         if check and proc.returncode != 0:
-            raise LabError(f"pod {self.name}: {' '.join(argv)}", f"exit {proc.returncode}: {err}")
+            raise LabError(what, f"exit {proc.returncode}: {err}")
         return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
