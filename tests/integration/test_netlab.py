@@ -158,36 +158,47 @@ def test_processes_started_from_many_threads_at_once_are_all_recorded(lab):
     assert [r for r in state["records"] if r["kind"] == "proc"] == []  # each run untracked
 
 
-def test_closing_while_other_threads_still_start_processes_fails_nothing_and_leaves_none():
+def _marked(marker: str) -> list[str]:
+    """PIDs of the processes whose command line holds `marker`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in cmdline.read_bytes():
+                found.append(cmdline.parent.name)
+        except OSError:
+            continue  # gone meanwhile
+    return found
+
+
+def test_closing_while_other_threads_still_run_commands_fails_nothing_and_leaves_none():
     """A lab closed while load threads still run commands in its pods (as a bench's load
-    thread can outlive its `with`): close succeeds, and what they started ends."""
+    thread can outlive its `with`): close succeeds, each run ends in LabError, and none of
+    the commands (each would sleep 30 s) stays."""
     prefix = new_prefix()
+    marker = f"lab-close-{prefix}"  # in each command's argv, to find them in /proc
     lb = Lab(prefix)
     pod = lb.pod(lb.node("n1"), "a")
-    stop = time.monotonic() + 3
-    started: list[int] = []
+    ended: list[str] = []
 
     def keep_running() -> None:
-        while time.monotonic() < stop:
+        while True:
             try:
-                done = pod.run(
-                    [sys.executable, "-c", "import os,time;print(os.getpid());time.sleep(0.02)"],
-                    timeout=10,
-                )
-            except netlab.LabError:
-                return  # the pod is gone: what a load sees after the close
-            started.append(int(done.stdout))
+                pod.run([sys.executable, "-c", "import time;time.sleep(30)", marker], timeout=60)
+            except netlab.LabError as exc:
+                ended.append(exc.reason)
+                return
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(keep_running) for _ in range(8)]
-        while len(started) < 16:
+        deadline = time.monotonic() + 10
+        while len(_marked(marker)) < 8:
+            assert time.monotonic() < deadline, "the commands never started"
             time.sleep(0.01)
         lb.close()
         for f in futures:
-            f.result()
-    assert started
-    alive = [pid for pid in started if Path(f"/proc/{pid}").exists()]
-    assert alive == []
+            f.result(timeout=20)
+    assert len(ended) == 8
+    assert _marked(marker) == []
     assert snapshot(prefix) == {"netns": set(), "links": set(), "cgroups": set(), "state": set()}
 
 
