@@ -38,7 +38,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import psutil
 
@@ -457,6 +457,9 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
     from agent.netlab import Lab  # noqa: PLC0415 - pyroute2 is heavy
 
     say = progress or (lambda _msg: None)
+    interpreted = native_notes(opts, native.state())
+    for note in interpreted:
+        say("warning: " + note)
     Lab.cleanup_stale()
     workdir = setups.new_workdir(opts.workdir)
     rows: list[dict[str, Any]] = []
@@ -487,8 +490,29 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
     notes.append(took)
     notes.append(calibrate.describe(calibration["start"], calibration["end"]))
     notes += _not_yet_notes(opts)
+    notes += interpreted
     doc_machine = machine(calibration, opts.placement)
     return report.document(doc_machine, report.combine(rows), notes, measured=rows)
+
+
+_NATIVE_SAYS: Final = {
+    "stale": "is older than its sources (a compiled module was edited since it was built)",
+    "absent": "was never built",
+    "off": f"is switched off ({native.ENV}=0)",
+}
+
+
+def native_notes(opts: Options, state: native.State) -> list[str]:
+    """A warning when the node agents would run interpreted: a meshagent setup's
+    numbers are then not comparable with a compiled run's (`machine.native`)."""
+    if state == "active" or not any(s.startswith("meshagent-") for s in opts.setups):
+        return []
+    note = (
+        f"the node agents ran interpreted: the compiled request path (agent.native) "
+        f"{_NATIVE_SAYS[state]}; meshagent rows are not comparable with a compiled run's "
+        f"(`python -m agent.native build` makes it current)"
+    )
+    return [note]
 
 
 def _not_yet_notes(opts: Options) -> list[str]:

@@ -16,6 +16,7 @@ from agent.bench.harness import (
     Options,
     accel_delta,
     cpu_seconds,
+    native_notes,
 )
 
 
@@ -125,3 +126,20 @@ def test_placement_is_split_by_default_and_a_bad_one_is_refused():
     assert Options.make(quick=True, placement="shared").placement == "shared"
     with pytest.raises(ValueError, match="--placement must be one of split, shared, got 'half'"):
         Options.make(quick=True, placement="half")
+
+
+@pytest.mark.parametrize(
+    ("state", "says"),
+    [("stale", "older than its sources"), ("absent", "never built"), ("off", "=0")],
+)
+def test_a_run_whose_agents_would_run_interpreted_says_so(state, says):
+    opts = Options.make(quick=False, setups_="haproxy-http,meshagent-ebpf")
+    (note,) = native_notes(opts, state)
+    assert note.startswith("the node agents ran interpreted")
+    assert says in note
+    assert "python -m agent.native build" in note
+
+
+def test_a_compiled_run_or_one_without_agents_says_nothing_of_it():
+    assert native_notes(Options.make(quick=False, setups_="meshagent-ebpf"), "active") == []
+    assert native_notes(Options.make(quick=False, setups_="direct,haproxy-http"), "stale") == []
