@@ -85,6 +85,7 @@ class WorkerOptions:
     connect_timeout_s: float = 5.0
     stats_interval_s: float = 5.0
     h2_upgrade: str = "auto"  # one of H2_UPGRADE_MODES
+    io_uring: bool = True  # agent.proxy.writes rule 6
     h2_lanes: int = H2_LANES  # `h2_lanes_for` the pool's worker count (the supervisor sets it)
     plugins: tuple[str, ...] = ("agent.proxy.dataplane",)  # the mesh data path
     log_level: str = "info"
@@ -108,6 +109,7 @@ class WorkerOptions:
             f"--log-level={self.log_level}",
         ]
         argv += ["--h2-upgrade", self.h2_upgrade, f"--h2-lanes={self.h2_lanes}"]
+        argv += ["--io-uring", "on" if self.io_uring else "off"]
         argv.extend(f"--plugin={p}" for p in self.plugins)
         return argv
 

@@ -65,7 +65,7 @@ from agent import aio, logs, native
 from agent.config import parse_positive_int
 from agent.errors import AgentError
 from agent.proxy import channel as ch
-from agent.proxy import record, tcp
+from agent.proxy import record, tcp, uring
 from agent.proxy.listener import LISTEN_BACKLOG, ListenerKind, UpstreamSockets
 from agent.proxy.pool import H2_LANES, H2_UPGRADE_MODES
 from agent.proxy.wstate import WorkerState
@@ -575,6 +575,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL_S)
     p.add_argument("--h2-upgrade", choices=H2_UPGRADE_MODES, default="auto")
     p.add_argument("--h2-lanes", type=parse_positive_int, default=H2_LANES)
+    p.add_argument("--io-uring", choices=("on", "off"), default="on")
     p.add_argument("--plugin", action="append", default=[])
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
@@ -590,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     for plugin in args.plugin:
         load_plugin(plugin)
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # rule 7
+    uring.switch(args.io_uring == "on")  # agent.proxy.writes rule 6
     sock = socket.socket(fileno=args.channel_fd)
     worker = Worker(
         worker_id=args.worker_id,

@@ -30,6 +30,16 @@ Rules:
    responses still leave. Held to one flush, the next requests waited for all of them
    and the peer node idled meanwhile (bench/RESULTS.md, thirtieth pass). Another write
    of the path still flushes everything held first (rule 2).
+6. Many writes leave in one system call (agent.proxy.uring): of a flush (or part) of
+   two writes or more, each plain TCP transport's first write, when nothing is queued
+   in the transport, goes to the loop's `SendRing` (opened at the first such flush),
+   the rest to the transports after what the ring's sends did not take, so each
+   connection's bytes keep their order. One send per socket per call (uring rule 3).
+   Written one by one, each write woke its reader, which preempted the worker there
+   and then: a batch of N cost N preemptions and N wake-ups; in one call the worker is
+   preempted once and the readers find their messages together (bench/RESULTS.md,
+   thirty-first pass). Where io_uring is unavailable or switched off, or the call
+   fails (logged once; no send was made), the transports write as before.
 """
 
 from __future__ import annotations
@@ -37,7 +47,9 @@ from __future__ import annotations
 import contextvars
 import logging
 import weakref
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
+
+from agent.proxy.uring import PLAIN_TRANSPORTS, SendRing
 
 if TYPE_CHECKING:
     import asyncio
@@ -52,12 +64,14 @@ LANE_PART: Final = 8  # held writes per callback after a lane's responses (rule 
 class WriteBatch:
     """The writes one event loop holds until its current batch of callbacks ends."""
 
-    __slots__ = ("_loop", "items", "lane")
+    __slots__ = ("_loop", "_opened", "items", "lane", "ring")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)  # the registry's value: a strong one would keep it
         self.items: list[tuple[asyncio.WriteTransport, bytes | memoryview]] = []
         self.lane = False  # a lane's response is held (rule 5)
+        self.ring: SendRing | None = None  # rule 6, opened at the first flush of two
+        self._opened = False
 
     def hold(
         self, transport: asyncio.WriteTransport, data: bytes | memoryview, *, lane: bool = False
@@ -86,7 +100,7 @@ class WriteBatch:
             return
         self.items = items[LANE_PART:]
         self._schedule()  # after the loop polled again
-        _write(items[:LANE_PART])
+        self._write(items[:LANE_PART])
 
     def flush(self) -> None:
         """Write everything held, in order (rule 2; a no-op when nothing is)."""
@@ -95,6 +109,20 @@ class WriteBatch:
             return
         self.items = []
         self.lane = False
+        self._write(items)
+
+    def _write(self, items: list[tuple[asyncio.WriteTransport, bytes | memoryview]]) -> None:
+        if len(items) > 1:
+            if not self._opened:
+                self._opened = True
+                self.ring = SendRing.open()
+            ring = self.ring
+            if ring is not None:
+                try:
+                    items = _through_ring(ring, items)
+                except OSError:  # rule 6: the call made no send
+                    logger.warning("io_uring send failed; writing one by one", exc_info=True)
+                    self.ring = None
         _write(items)
 
 
@@ -108,6 +136,39 @@ def _write(items: list[tuple[asyncio.WriteTransport, bytes | memoryview]]) -> No
         except Exception:  # rule 4: one transport's failure stays its own
             logger.warning("held write failed, aborting its connection", exc_info=True)
             transport.abort()
+
+
+def _through_ring(
+    ring: SendRing, items: list[tuple[asyncio.WriteTransport, bytes | memoryview]]
+) -> list[tuple[asyncio.WriteTransport, bytes | memoryview]]:
+    """Rule 6: each plain transport's first held write in one call; what is left to write
+    through the transports, in order."""
+    seen: set[Any] = set()
+    sends: list[tuple[int, bytes | memoryview]] = []
+    sent_to: list[asyncio.WriteTransport] = []
+    rest: list[tuple[asyncio.WriteTransport, bytes | memoryview]] = []
+    for transport, data in items:
+        if (
+            transport in seen
+            or type(transport) not in PLAIN_TRANSPORTS
+            or transport.is_closing()
+            or transport.get_write_buffer_size()
+        ):
+            seen.add(transport)
+            rest.append((transport, data))
+            continue
+        seen.add(transport)
+        sends.append((transport.get_extra_info("socket").fileno(), data))
+        sent_to.append(transport)
+    if len(sends) < 2:
+        return items
+    left: list[tuple[asyncio.WriteTransport, bytes | memoryview]] = []
+    for transport, (_, data), res in zip(sent_to, sends, ring.send(sends), strict=True):
+        if res < 0:
+            left.append((transport, data))  # its transport meets the error (or full buffer)
+        elif res < len(data):
+            left.append((transport, memoryview(data)[res:]))
+    return left + rest
 
 
 _BATCHES: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WriteBatch]] = (

@@ -78,6 +78,13 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "Linkerd does), never (off), or when the endpoint's HTTP/1 connections are busy (auto)",
     ),
     Option(
+        flag="--io-uring",
+        parse=config.choice("on", "off"),
+        default="on",
+        help="send a batch of held writes in one io_uring call where the kernel allows (on), "
+        "or one system call per write (off)",
+    ),
+    Option(
         flag="--identity-dir",
         parse=config.parse_dir,
         help="ca.crt and token-signing key (embedded control plane, token minting)",
@@ -135,6 +142,7 @@ class RunSettings:
     admin_addr: tuple[str, int] = ("0.0.0.0", config.ADMIN_PORT)
     grace: float = 30.0
     h2_upgrade: str = "auto"  # one of H2_UPGRADE_MODES (agent.proxy.h1toh2 rule 7)
+    io_uring: bool = True  # agent.proxy.writes rule 6
     identity_dir: Path | None = None
     trust_anchors: Path | None = None
     token_source: str = "mint"  # noqa: S105 - a source name, not a secret
@@ -188,6 +196,7 @@ class RunSettings:
             admin_addr=values["admin_addr"],
             grace=values["grace"],
             h2_upgrade=values["h2_upgrade"],
+            io_uring=values["io_uring"] == "on",
             identity_dir=identity_dir,
             trust_anchors=Path(trust),
             token_source=values["token_source"],

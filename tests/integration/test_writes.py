@@ -6,16 +6,20 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import socket
 from typing import TYPE_CHECKING
 
+import pytest
+
 from agent import aio
-from agent.proxy import writes
+from agent.proxy import uring, writes
+from agent.proxy.uring import SendRing
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
-    import pytest
+    from tests.integration.conftest import Run
 
 
 @contextlib.contextmanager
@@ -196,3 +200,140 @@ def test_each_loop_has_one_batch_which_goes_with_it() -> None:
     del loop, other
     gc.collect()
     assert len(writes._BATCHES) == before - 1
+
+
+class _SpyRing(SendRing):
+    """A real ring that remembers the sockets of each call."""
+
+    __slots__ = ("calls",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[int]] = []
+
+    def send(self, items: Sequence[tuple[int, bytes | memoryview]]) -> list[int]:
+        self.calls.append([fd for fd, _ in items])
+        return super().send(items)
+
+
+@pytest.fixture
+def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[_SpyRing]:
+    ring = _SpyRing()
+    monkeypatch.setattr(writes.SendRing, "open", classmethod(lambda _cls: ring))
+    yield ring
+    ring.close()
+
+
+@contextlib.contextmanager
+def _tcp(n: int, *, sndbuf: int = 0) -> Iterator[list[tuple[socket.socket, socket.socket]]]:
+    """`n` loopback TCP connections: (ours, non-blocking; theirs, blocking)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=n)
+    pairs: list[tuple[socket.socket, socket.socket]] = []
+    try:
+        for _ in range(n):
+            ours = socket.socket()
+            if sndbuf:
+                ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+            ours.connect(listener.getsockname())
+            theirs, _ = listener.accept()
+            ours.setblocking(False)
+            pairs.append((ours, theirs))
+        yield pairs
+    finally:
+        listener.close()
+        for ours, theirs in pairs:
+            ours.close()
+            theirs.close()
+
+
+def _read_all(sock: socket.socket, size: int) -> bytes:
+    sock.settimeout(10)
+    got = bytearray()
+    while len(got) < size and (chunk := sock.recv(size - len(got))):
+        got += chunk
+    return bytes(got)
+
+
+def test_a_flush_of_many_writes_goes_in_one_ring_call_and_each_connection_keeps_its_order(
+    run: Run, spy: _SpyRing
+) -> None:
+    """Rule 6: each transport's first held write goes to the ring, its later ones after."""
+
+    async def body() -> None:
+        with _tcp(3) as pairs:
+            (a, a_peer), (b, b_peer), (c, c_peer) = pairs
+            ta, tb, tc = [await _transport(s) for s in (a, b, c)]
+            batch = writes.batch_for(asyncio.get_running_loop())
+            batch.hold(ta, b"a1 ")
+            batch.hold(tb, b"b1")
+            batch.hold(ta, memoryview(b"a2"))
+            batch.hold(tc, b"c1")
+            await asyncio.sleep(0)
+            assert spy.calls == [[a.fileno(), b.fileno(), c.fileno()]]
+            assert _read_all(a_peer, 5) == b"a1 a2"
+            assert _read_all(b_peer, 2) == b"b1"
+            assert _read_all(c_peer, 2) == b"c1"
+            batch.hold(ta, b"alone")  # one write: no ring call
+            await asyncio.sleep(0)
+            assert len(spy.calls) == 1
+            assert _read_all(a_peer, 5) == b"alone"
+            for tr in (ta, tb, tc):
+                tr.close()
+
+    run(body)
+
+
+def test_what_the_ring_did_not_take_its_transport_writes_before_anything_later(
+    run: Run, spy: _SpyRing
+) -> None:
+    """A short send leaves the rest to the transport; a transport with bytes queued is
+    not given to the ring, so its later writes stay behind them."""
+    big = os.urandom(1 << 20)
+
+    async def body() -> None:
+        with _tcp(4, sndbuf=4096) as pairs:
+            (x, x_peer), (y, y_peer), (z, z_peer), (w, w_peer) = pairs
+            tx, ty, tz, tw = [await _transport(s) for s in (x, y, z, w)]
+            batch = writes.batch_for(asyncio.get_running_loop())
+            batch.hold(tx, big)
+            batch.hold(ty, b"y")
+            await asyncio.sleep(0)
+            assert spy.calls == [[x.fileno(), y.fileno()]]
+            assert tx.get_write_buffer_size() > 0  # the rest, queued in the transport
+            batch.hold(tx, b"tail")
+            batch.hold(tz, b"z")
+            batch.hold(tw, b"w")
+            await asyncio.sleep(0)
+            assert spy.calls[1] == [z.fileno(), w.fileno()]  # not x: bytes are queued there
+            reader = asyncio.get_running_loop().run_in_executor(
+                None, _read_all, x_peer, len(big) + 4
+            )
+            assert await reader == big + b"tail"
+            assert [_read_all(p, 1) for p in (y_peer, z_peer, w_peer)] == [b"y", b"z", b"w"]
+            for tr in (tx, ty, tz, tw):
+                tr.close()
+
+    run(body)
+
+
+def test_without_a_ring_the_transports_write(run: Run) -> None:
+    """Rule 6: io_uring switched off (or unavailable), a flush writes one by one."""
+
+    async def body() -> None:
+        with _tcp(2) as pairs:
+            (a, a_peer), (b, b_peer) = pairs
+            ta, tb = await _transport(a), await _transport(b)
+            batch = writes.batch_for(asyncio.get_running_loop())
+            batch.hold(ta, b"one")
+            batch.hold(tb, b"two")
+            await asyncio.sleep(0)
+            assert batch.ring is None
+            assert (_read_all(a_peer, 3), _read_all(b_peer, 3)) == (b"one", b"two")
+            ta.close()
+            tb.close()
+
+    uring.switch(False)
+    try:
+        run(body)
+    finally:
+        uring.switch(True)

@@ -38,6 +38,18 @@ def test_h2_upgrade_is_auto_unless_asked_and_reaches_the_worker_command(tmp_path
         assert worker.parse_args(argv[3:]).h2_upgrade == mode
 
 
+def test_io_uring_is_on_unless_switched_off_and_reaches_the_worker_command(tmp_path):
+    assert _settings(tmp_path, []).io_uring is True
+    assert _settings(tmp_path, ["--io-uring", "off"]).io_uring is False
+    assert _settings(tmp_path, [], {"MESHAGENT_IO_URING": "off"}).io_uring is False
+    for on in (True, False):
+        argv = WorkerOptions(io_uring=on).argv(3, 0)
+        assert worker.parse_args(argv[3:]).io_uring == ("on" if on else "off")
+    with pytest.raises(SettingError, match="MESHAGENT_IO_URING") as err:
+        _settings(tmp_path, [], {"MESHAGENT_IO_URING": "1"})
+    assert "on, off" in str(err.value)
+
+
 def test_a_bad_h2_upgrade_value_names_the_variable(tmp_path):
     with pytest.raises(SettingError, match="MESHAGENT_H2_UPGRADE") as err:
         _settings(tmp_path, [], {"MESHAGENT_H2_UPGRADE": "yes"})
