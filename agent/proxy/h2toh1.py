@@ -24,7 +24,8 @@ Rules:
    dropped. The app connection goes back to the pool only after a complete,
    keep-alive exchange.
 5. In callbacks (`serve_now`, called by agent.proxy.h2serve): a bodiless stream
-   with an idle pooled app connection is written to the app at once, and its
+   with an idle pooled app connection is held for the app (agent.proxy.writes: the
+   streams of one read of the lane reach the app in one system call), and its
    response answered from the app connection's callbacks (`DownExchange`, the
    connection's exchange) when it ends in the read its head came in; a response
    still arriving goes on in a task (`rest`) with what came so far, as does a
@@ -42,7 +43,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, cast
 
-from agent.proxy import h2msg, http1, origproto
+from agent.proxy import h2msg, http1, origproto, writes
 from agent.proxy.h1upstream import HIGH_WATER, Exchange, UpstreamConn
 from agent.proxy.h2frame import ErrorCode
 from agent.proxy.h2stream import CANCEL, Data, End, H2Stream, StreamGoneError, Trailers
@@ -68,7 +69,7 @@ def _decoding_conn() -> UpstreamConn:
 class Downgrade:
     """An inbound connection's way to the app over HTTP/1, for its upgraded streams."""
 
-    __slots__ = ("_last", "key", "labels", "open", "pool")
+    __slots__ = ("_last", "batch", "key", "labels", "open", "pool")
 
     def __init__(
         self, pool: ConnPool, key: Hashable, opener: TransportOpener, labels: Labels
@@ -79,6 +80,7 @@ class Downgrade:
         self.open = opener
         self.labels = labels
         self._last: tuple[ResponseHead, h2msg.H2Headers] | None = None
+        self.batch = writes.batch_for(asyncio.get_running_loop())
 
     async def serve(self, down: H2Stream, request: origproto.Downgraded, t0: float) -> None:
         """Serve one upgraded stream end to end (rules 2-4)."""
@@ -143,7 +145,7 @@ class Downgrade:
         tr = conn.transport
         assert tr is not None  # noqa: S101 - pooled connections are connected
         conn.begin_with(DownExchange(self, down, conn, t0, starter), request.method)
-        tr.write(request.head_bytes(end=True)[0])
+        self.batch.hold(tr, request.head_bytes(end=True)[0])  # agent.proxy.writes
         down.drop_end()
         return True
 
