@@ -51,6 +51,9 @@ PLAIN_TRANSPORTS: Final[tuple[type, ...]] = (
     uvloop.loop.UnixTransport,  # type: ignore[attr-defined]
     asyncio.selector_events._SelectorSocketTransport,  # type: ignore[attr-defined]  # noqa: SLF001
 )
+# Fewer sends go one by one: a call costs about 2 us more than a send() in the kernel
+# and our Python (bench/RESULTS.md, thirty-first pass), more than it saves for 2 or 3.
+MIN_SENDS: Final = 4
 ENTRIES: Final = 64  # sends per call at most (more are sent in further calls)
 
 _NR_SETUP: Final = 425  # x86_64 and arm64 share io_uring's numbers (generic table)
@@ -74,9 +77,12 @@ _ffi.cdef("long syscall(long number, ...);")
 _libc: Final[Any] = _ffi.dlopen(None)
 _cast: Final = _ffi.cast
 _from_buffer: Final = _ffi.from_buffer
-_ENTER: Final = _cast("long", _NR_ENTER)
-_GETEVENTS: Final = _cast("unsigned", _ENTER_GETEVENTS)
-_ZERO: Final = _cast("size_t", 0)
+# io_uring_enter, called often, through a prototype of its own: a variadic call makes
+# cffi convert every argument (about a microsecond a call). glibc's syscall() takes its
+# integer arguments in registers either way on x86-64 and arm64 Linux.
+_ffi_enter: Final = cffi.FFI()
+_ffi_enter.cdef("long syscall(long, int, unsigned, unsigned, unsigned, void *, size_t);")
+_enter: Final[Any] = _ffi_enter.dlopen(None).syscall
 
 
 def _bytes_data_offset() -> int:
@@ -112,9 +118,7 @@ class SendRing:
 
     __slots__ = (
         "__weakref__",
-        "_cfd",
         "_closer",
-        "_counts",
         "_cq",
         "_cq_head",
         "_cq_mask",
@@ -158,8 +162,6 @@ class SendRing:
         self._cqes = cqes
         # the CQEs as 32-bit words (`send` reads user_data's low word and res)
         self._cq_words = memoryview(self._cq)[cqes : cqes + cq_entries * _CQE.size].cast("i")
-        self._cfd = _cast("int", self._fd)
-        self._counts = [_cast("unsigned", n) for n in range(sq_entries + 1)]
         del sq_head
         for i in range(sq_entries):  # slot i always names SQE i
             _U32.pack_into(self._sq, sq_array + 4 * i, i)
@@ -207,15 +209,12 @@ class SendRing:
                 addr, size = int(_cast("uintptr_t", buf)), len(buf)
             pack(sqes, ((tail + i) & mask) << 6, _OP_SEND, 0, 0, fd, 0, addr, size, _MSG_FLAGS, i)
         _U32.pack_into(sq, self._sq_tail, (tail + n) & 0xFFFFFFFF)
-        submit = self._counts[n]
-        while (
-            _libc.syscall(_ENTER, self._cfd, submit, self._counts[n], _GETEVENTS, _ffi.NULL, _ZERO)
-            < 0
-        ):
-            code = _ffi.errno
+        submit = n
+        while _enter(_NR_ENTER, self._fd, submit, n, _ENTER_GETEVENTS, _ffi.NULL, 0) < 0:
+            code = _ffi_enter.errno
             if code != errno.EINTR:
                 raise OSError(code, os.strerror(code))
-            submit = self._counts[0]  # submitted; wait for the completions again
+            submit = 0  # submitted; wait for the completions again
         results = [-errno.EIO] * n
         cq, words, cmask = self._cq, self._cq_words, self._cq_mask
         head = _U32.unpack_from(cq, self._cq_head)[0]

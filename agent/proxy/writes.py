@@ -30,11 +30,12 @@ Rules:
    responses still leave. Held to one flush, the next requests waited for all of them
    and the peer node idled meanwhile (bench/RESULTS.md, thirtieth pass). Another write
    of the path still flushes everything held first (rule 2).
-6. Many writes leave in one system call (agent.proxy.uring): of a flush (or part) of
-   two writes or more, each plain TCP transport's first write, when nothing is queued
-   in the transport, goes to the loop's `SendRing` (opened at the first such flush),
-   the rest to the transports after what the ring's sends did not take, so each
-   connection's bytes keep their order. One send per socket per call (uring rule 3).
+6. Many writes leave in one system call (agent.proxy.uring): in a flush (or part),
+   each plain TCP transport's first write, when nothing is queued in the transport,
+   goes to the loop's `SendRing` (opened at the first such flush) when there are
+   `MIN_SENDS` (4) of them or more; the rest go to the transports after what the
+   ring's sends did not take, so each connection's bytes keep their order. One send
+   per socket per call (uring rule 3).
    Written one by one, each write woke its reader, which preempted the worker there
    and then: a batch of N cost N preemptions and N wake-ups; in one call the worker is
    preempted once and the readers find their messages together (bench/RESULTS.md,
@@ -49,7 +50,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
-from agent.proxy.uring import PLAIN_TRANSPORTS, SendRing
+from agent.proxy.uring import MIN_SENDS, PLAIN_TRANSPORTS, SendRing
 
 if TYPE_CHECKING:
     import asyncio
@@ -112,7 +113,7 @@ class WriteBatch:
         self._write(items)
 
     def _write(self, items: list[tuple[asyncio.WriteTransport, bytes | memoryview]]) -> None:
-        if len(items) > 1:
+        if len(items) >= MIN_SENDS:
             if not self._opened:
                 self._opened = True
                 self.ring = SendRing.open()
@@ -160,7 +161,7 @@ def _through_ring(
         seen.add(transport)
         sends.append((transport.get_extra_info("socket").fileno(), data))
         sent_to.append(transport)
-    if len(sends) < 2:
+    if len(sends) < MIN_SENDS:
         return items
     left: list[tuple[asyncio.WriteTransport, bytes | memoryview]] = []
     for transport, (_, data), res in zip(sent_to, sends, ring.send(sends), strict=True):

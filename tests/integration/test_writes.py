@@ -257,27 +257,28 @@ def _read_all(sock: socket.socket, size: int) -> bytes:
 def test_a_flush_of_many_writes_goes_in_one_ring_call_and_each_connection_keeps_its_order(
     run: Run, spy: _SpyRing
 ) -> None:
-    """Rule 6: each transport's first held write goes to the ring, its later ones after."""
+    """Rule 6: each transport's first held write goes to the ring, its later ones after;
+    fewer than MIN_SENDS transports are written one by one."""
+    n = uring.MIN_SENDS
 
     async def body() -> None:
-        with _tcp(3) as pairs:
-            (a, a_peer), (b, b_peer), (c, c_peer) = pairs
-            ta, tb, tc = [await _transport(s) for s in (a, b, c)]
+        with _tcp(n) as pairs:
+            trs = [await _transport(ours) for ours, _ in pairs]
             batch = writes.batch_for(asyncio.get_running_loop())
-            batch.hold(ta, b"a1 ")
-            batch.hold(tb, b"b1")
-            batch.hold(ta, memoryview(b"a2"))
-            batch.hold(tc, b"c1")
+            batch.hold(trs[0], b"first ")
+            for i, tr in enumerate(trs):
+                batch.hold(tr, memoryview(b"to %d" % i) if i % 2 else b"to %d" % i)
             await asyncio.sleep(0)
-            assert spy.calls == [[a.fileno(), b.fileno(), c.fileno()]]
-            assert _read_all(a_peer, 5) == b"a1 a2"
-            assert _read_all(b_peer, 2) == b"b1"
-            assert _read_all(c_peer, 2) == b"c1"
-            batch.hold(ta, b"alone")  # one write: no ring call
+            assert spy.calls == [[ours.fileno() for ours, _ in pairs]]
+            assert _read_all(pairs[0][1], 10) == b"first to 0"
+            for i, (_, theirs) in enumerate(pairs[1:], 1):
+                assert _read_all(theirs, 4) == b"to %d" % i
+            for tr in trs[: n - 1]:
+                batch.hold(tr, b"few")
             await asyncio.sleep(0)
-            assert len(spy.calls) == 1
-            assert _read_all(a_peer, 5) == b"alone"
-            for tr in (ta, tb, tc):
+            assert len(spy.calls) == 1  # one by one
+            assert [_read_all(theirs, 3) for _, theirs in pairs[: n - 1]] == [b"few"] * (n - 1)
+            for tr in trs:
                 tr.close()
 
     run(body)
@@ -289,28 +290,32 @@ def test_what_the_ring_did_not_take_its_transport_writes_before_anything_later(
     """A short send leaves the rest to the transport; a transport with bytes queued is
     not given to the ring, so its later writes stay behind them."""
     big = os.urandom(1 << 20)
+    n = uring.MIN_SENDS
 
     async def body() -> None:
-        with _tcp(4, sndbuf=4096) as pairs:
-            (x, x_peer), (y, y_peer), (z, z_peer), (w, w_peer) = pairs
-            tx, ty, tz, tw = [await _transport(s) for s in (x, y, z, w)]
+        with _tcp(n + 1, sndbuf=4096) as pairs:
+            (x, x_peer), others = pairs[0], pairs[1:]
+            tx = await _transport(x)
+            trs = [await _transport(ours) for ours, _ in others]
             batch = writes.batch_for(asyncio.get_running_loop())
             batch.hold(tx, big)
-            batch.hold(ty, b"y")
+            for tr in trs[: n - 1]:
+                batch.hold(tr, b"1")
             await asyncio.sleep(0)
-            assert spy.calls == [[x.fileno(), y.fileno()]]
+            assert spy.calls == [[x.fileno()] + [ours.fileno() for ours, _ in others[: n - 1]]]
             assert tx.get_write_buffer_size() > 0  # the rest, queued in the transport
             batch.hold(tx, b"tail")
-            batch.hold(tz, b"z")
-            batch.hold(tw, b"w")
+            for tr in trs:
+                batch.hold(tr, b"2")
             await asyncio.sleep(0)
-            assert spy.calls[1] == [z.fileno(), w.fileno()]  # not x: bytes are queued there
+            assert spy.calls[1] == [ours.fileno() for ours, _ in others]  # not x: bytes queued
             reader = asyncio.get_running_loop().run_in_executor(
                 None, _read_all, x_peer, len(big) + 4
             )
             assert await reader == big + b"tail"
-            assert [_read_all(p, 1) for p in (y_peer, z_peer, w_peer)] == [b"y", b"z", b"w"]
-            for tr in (tx, ty, tz, tw):
+            got = [_read_all(theirs, 2 if i < n - 1 else 1) for i, (_, theirs) in enumerate(others)]
+            assert got == [b"12"] * (n - 1) + [b"2"]
+            for tr in (tx, *trs):
                 tr.close()
 
     run(body)
@@ -318,19 +323,19 @@ def test_what_the_ring_did_not_take_its_transport_writes_before_anything_later(
 
 def test_without_a_ring_the_transports_write(run: Run) -> None:
     """Rule 6: io_uring switched off (or unavailable), a flush writes one by one."""
+    n = uring.MIN_SENDS
 
     async def body() -> None:
-        with _tcp(2) as pairs:
-            (a, a_peer), (b, b_peer) = pairs
-            ta, tb = await _transport(a), await _transport(b)
+        with _tcp(n) as pairs:
+            trs = [await _transport(ours) for ours, _ in pairs]
             batch = writes.batch_for(asyncio.get_running_loop())
-            batch.hold(ta, b"one")
-            batch.hold(tb, b"two")
+            for i, tr in enumerate(trs):
+                batch.hold(tr, b"%d" % i)
             await asyncio.sleep(0)
             assert batch.ring is None
-            assert (_read_all(a_peer, 3), _read_all(b_peer, 3)) == (b"one", b"two")
-            ta.close()
-            tb.close()
+            assert [_read_all(theirs, 1) for _, theirs in pairs] == [b"%d" % i for i in range(n)]
+            for tr in trs:
+                tr.close()
 
     uring.switch(False)
     try:
