@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import psutil
 
-from agent import native
+from agent import config, native
 from agent.bench import calibrate, callgrind, interp, loads, profile, report, setups
 from agent.bench.topology import per_node, placed
 from agent.errors import AgentError
@@ -235,6 +235,8 @@ def machine(calibration: dict[str, Any], placement: str = "split") -> dict[str, 
         "python": platform.python_version(),
         "haproxy": haproxy.stdout.split("\n", 1)[0],
         "native": native.state(),  # the compiled request path (agent.native) or the sources
+        # the agents' batched sends (agent.proxy.writes rule 6), as they inherit it
+        "io_uring": os.environ.get(config.env_name("--io-uring"), "on"),
         "calibration": calibration,
         "placement": placement,
     }
