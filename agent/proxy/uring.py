@@ -22,8 +22,10 @@ Rules:
 3. The caller sends to a socket at most once per call and only when nothing
    is queued before it (agent.proxy.writes rule 6): sends of one call run
    in order, but a short one would not stop the next to the same socket.
-4. The data's buffers are held until the call returns: the kernel reads
-   them during `io_uring_enter`, not later.
+4. The data is held until the call returns: the kernel reads it during
+   `io_uring_enter`, not later. A bytes object's data is sent where it lies
+   (its address from `id`, CPython's layout, checked at import); anything else
+   is copied to bytes first.
 5. The ring's memory is the kernel's (`mmap` of the ring fd); one ring per
    event loop (agent.proxy.writes), its fd closed when the ring goes.
 """
@@ -31,14 +33,14 @@ Rules:
 from __future__ import annotations
 
 import asyncio.selector_events
+import ctypes
 import errno
 import mmap
 import os
 import struct
 import weakref
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-import cffi  # type: ignore[import-untyped]
 import uvloop.loop
 
 if TYPE_CHECKING:
@@ -72,37 +74,37 @@ _CQE: Final = struct.Struct("=QiI")  # struct io_uring_cqe, 16 bytes
 _U32: Final = struct.Struct("=I")
 _PARAMS: Final = 120  # sizeof(struct io_uring_params)
 
-_ffi: Final = cffi.FFI()
-_ffi.cdef("long syscall(long number, ...);")
-_libc: Final[Any] = _ffi.dlopen(None)
-_cast: Final = _ffi.cast
-_from_buffer: Final = _ffi.from_buffer
-# io_uring_enter, called often, through a prototype of its own: a variadic call makes
-# cffi convert every argument (about a microsecond a call). glibc's syscall() takes its
-# integer arguments in registers either way on x86-64 and arm64 Linux.
-_ffi_enter: Final = cffi.FFI()
-_ffi_enter.cdef("long syscall(long, int, unsigned, unsigned, unsigned, void *, size_t);")
-_enter: Final[Any] = _ffi_enter.dlopen(None).syscall
+# glibc's syscall(), through prototypes of our own: it takes its integer arguments in
+# registers either way on x86-64 and arm64 Linux. ctypes, not cffi: cffi's declarations
+# import its C parser, 4 MB more in each worker.
+_libc: Final = ctypes.CDLL(None, use_errno=True)
+_setup: Final = ctypes.CFUNCTYPE(
+    ctypes.c_long, ctypes.c_long, ctypes.c_uint, ctypes.c_void_p, use_errno=True
+)(("syscall", _libc))
+_enter: Final = ctypes.CFUNCTYPE(
+    ctypes.c_long,
+    ctypes.c_long,
+    ctypes.c_int,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.c_uint,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    use_errno=True,
+)(("syscall", _libc))
 
 
 def _bytes_data_offset() -> int:
     """Where a bytes object's data starts, from its address (CPython's layout, checked)."""
     probe = b"meshagent"
-    offset = int(_cast("uintptr_t", _from_buffer(probe))) - id(probe)
+    address = ctypes.cast(ctypes.c_char_p(probe), ctypes.c_void_p).value
+    offset = (address or 0) - id(probe)
     if not 0 < offset < 64:
         raise RuntimeError(f"BUG: bytes data at {offset} from the object")
     return offset
 
 
 _BYTES_DATA: Final = _bytes_data_offset()
-
-
-def _syscall(number: int, *args: Any) -> int:
-    ret: int = _libc.syscall(_ffi.cast("long", number), *args)
-    if ret < 0:
-        code = _ffi.errno
-        raise OSError(code, os.strerror(code))
-    return ret
 
 
 _ENABLED = [True]  # rule 1: `switch`
@@ -133,10 +135,14 @@ class SendRing:
     )
 
     def __init__(self, entries: int = ENTRIES) -> None:
-        params = _ffi.new("char[]", _PARAMS)
-        self._fd = _syscall(_NR_SETUP, _ffi.cast("unsigned", entries), params)
+        params = ctypes.create_string_buffer(_PARAMS)
+        fd = _setup(_NR_SETUP, entries, params)
+        if fd < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+        self._fd = fd
         self._closer = weakref.finalize(self, os.close, self._fd)  # rule 5
-        self._map(bytes(_ffi.buffer(params)))
+        self._map(params.raw)
 
     def _map(self, params: bytes) -> None:
         sq_entries, cq_entries, _, _, _, features = struct.unpack_from("=6I", params, 0)
@@ -201,17 +207,14 @@ class SendRing:
         held = []  # rule 4: what the kernel reads stays alive until the call returns
         pack = _SQE.pack_into
         for i, (fd, data) in enumerate(items):
-            if type(data) is bytes:
-                addr, size = id(data) + _BYTES_DATA, len(data)
-            else:
-                buf = _from_buffer(data)
-                held.append(buf)
-                addr, size = int(_cast("uintptr_t", buf)), len(buf)
+            whole = data if type(data) is bytes else bytes(data)  # views are rare: copied
+            held.append(whole)
+            addr, size = id(whole) + _BYTES_DATA, len(whole)
             pack(sqes, ((tail + i) & mask) << 6, _OP_SEND, 0, 0, fd, 0, addr, size, _MSG_FLAGS, i)
         _U32.pack_into(sq, self._sq_tail, (tail + n) & 0xFFFFFFFF)
         submit = n
-        while _enter(_NR_ENTER, self._fd, submit, n, _ENTER_GETEVENTS, _ffi.NULL, 0) < 0:
-            code = _ffi_enter.errno
+        while _enter(_NR_ENTER, self._fd, submit, n, _ENTER_GETEVENTS, None, 0) < 0:
+            code = ctypes.get_errno()
             if code != errno.EINTR:
                 raise OSError(code, os.strerror(code))
             submit = 0  # submitted; wait for the completions again
