@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def _tcp_pairs(n: int, *, sndbuf: int = 0) -> Iterator[list[tuple[socket.socket, socket.socket]]]:
-    """`n` connected (ours, theirs) TCP sockets on loopback, ours non-blocking."""
+def tcp_pairs(n: int, *, sndbuf: int = 0) -> Iterator[list[tuple[socket.socket, socket.socket]]]:
+    """`n` connected (ours, theirs) TCP sockets on loopback, ours non-blocking (also
+    used by test_writes)."""
     listener = socket.create_server(("127.0.0.1", 0), backlog=n)
     pairs: list[tuple[socket.socket, socket.socket]] = []
     try:
@@ -61,7 +62,7 @@ def ring() -> Iterator[SendRing]:
 
 
 def test_one_call_sends_to_every_socket_from_bytes_and_memoryviews(ring):
-    with _tcp_pairs(3) as pairs:
+    with tcp_pairs(3) as pairs:
         view = memoryview(bytearray(b"--a slice of a bytearray--"))[2:-2]
         items = [
             (pairs[0][0].fileno(), b"GET / HTTP/1.1\r\n\r\n"),
@@ -75,7 +76,7 @@ def test_one_call_sends_to_every_socket_from_bytes_and_memoryviews(ring):
 
 
 def test_more_sends_than_the_ring_holds_go_in_further_calls(ring):
-    with _tcp_pairs(ENTRIES + 6) as pairs:
+    with tcp_pairs(ENTRIES + 6) as pairs:
         items = [(ours.fileno(), b"%05d" % i) for i, (ours, _) in enumerate(pairs)]
         assert ring.send(items) == [5] * len(items)
         assert [_read(theirs, 5) for _, theirs in pairs] == [b"%05d" % i for i in range(len(pairs))]
@@ -83,7 +84,7 @@ def test_more_sends_than_the_ring_holds_go_in_further_calls(ring):
 
 def test_a_full_socket_takes_part_then_nothing_and_a_reset_one_answers_its_error(ring):
     big = os.urandom(4 << 20)
-    with _tcp_pairs(3, sndbuf=4096) as pairs:
+    with tcp_pairs(3, sndbuf=4096) as pairs:
         (full, full_peer), (ok, ok_peer), (reset, reset_peer) = pairs
         reset_peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
         reset_peer.close()  # an RST: the next send fails

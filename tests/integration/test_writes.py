@@ -15,6 +15,7 @@ import pytest
 from agent import aio
 from agent.proxy import uring, writes
 from agent.proxy.uring import SendRing
+from tests.integration.test_uring import tcp_pairs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -224,28 +225,6 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[_SpyRing]:
     ring.close()
 
 
-@contextlib.contextmanager
-def _tcp(n: int, *, sndbuf: int = 0) -> Iterator[list[tuple[socket.socket, socket.socket]]]:
-    """`n` loopback TCP connections: (ours, non-blocking; theirs, blocking)."""
-    listener = socket.create_server(("127.0.0.1", 0), backlog=n)
-    pairs: list[tuple[socket.socket, socket.socket]] = []
-    try:
-        for _ in range(n):
-            ours = socket.socket()
-            if sndbuf:
-                ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
-            ours.connect(listener.getsockname())
-            theirs, _ = listener.accept()
-            ours.setblocking(False)
-            pairs.append((ours, theirs))
-        yield pairs
-    finally:
-        listener.close()
-        for ours, theirs in pairs:
-            ours.close()
-            theirs.close()
-
-
 def _read_all(sock: socket.socket, size: int) -> bytes:
     sock.settimeout(10)
     got = bytearray()
@@ -262,7 +241,7 @@ def test_a_flush_of_many_writes_goes_in_one_ring_call_and_each_connection_keeps_
     n = uring.MIN_SENDS
 
     async def body() -> None:
-        with _tcp(n) as pairs:
+        with tcp_pairs(n) as pairs:
             trs = [await _transport(ours) for ours, _ in pairs]
             batch = writes.batch_for(asyncio.get_running_loop())
             batch.hold(trs[0], b"first ")
@@ -293,7 +272,7 @@ def test_what_the_ring_did_not_take_its_transport_writes_before_anything_later(
     n = uring.MIN_SENDS
 
     async def body() -> None:
-        with _tcp(n + 1, sndbuf=4096) as pairs:
+        with tcp_pairs(n + 1, sndbuf=4096) as pairs:
             (x, x_peer), others = pairs[0], pairs[1:]
             tx = await _transport(x)
             trs = [await _transport(ours) for ours, _ in others]
@@ -326,7 +305,7 @@ def test_without_a_ring_the_transports_write(run: Run) -> None:
     n = uring.MIN_SENDS
 
     async def body() -> None:
-        with _tcp(n) as pairs:
+        with tcp_pairs(n) as pairs:
             trs = [await _transport(ours) for ours, _ in pairs]
             batch = writes.batch_for(asyncio.get_running_loop())
             for i, tr in enumerate(trs):
