@@ -507,7 +507,7 @@ _NATIVE_SAYS: Final = {
 def native_notes(opts: Options, state: native.State) -> list[str]:
     """A warning when the node agents would run interpreted: a meshagent setup's
     numbers are then not comparable with a compiled run's (`machine.native`)."""
-    if state == "active" or not any(s.startswith("meshagent-") for s in opts.setups):
+    if state == "active" or not _runs_agents(opts):
         return []
     note = (
         f"the node agents ran interpreted: the compiled request path (agent.native) "
@@ -517,8 +517,13 @@ def native_notes(opts: Options, state: native.State) -> list[str]:
     return [note]
 
 
+def _runs_agents(opts: Options) -> bool:
+    """Whether any setup of the run starts node agents."""
+    return any(s.startswith("meshagent-") for s in opts.setups)
+
+
 def _not_yet_notes(opts: Options) -> list[str]:
-    if not any(s.startswith("meshagent-") for s in opts.setups):
+    if not _runs_agents(opts):
         return []
     return [
         (

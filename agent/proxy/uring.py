@@ -147,7 +147,7 @@ class SendRing:
     def _map(self, params: bytes) -> None:
         sq_entries, cq_entries, _, _, _, features = struct.unpack_from("=6I", params, 0)
         # io_sqring_offsets / io_cqring_offsets: eight u32 and a u64 each
-        sq_head, sq_tail, sq_mask, _, _, _, sq_array, _, _ = struct.unpack_from("=8IQ", params, 40)
+        _, sq_tail, sq_mask, _, _, _, sq_array, _, _ = struct.unpack_from("=8IQ", params, 40)
         cq_head, cq_tail, cq_mask, _, _, cqes, _, _, _ = struct.unpack_from("=8IQ", params, 80)
         sq_size = sq_array + sq_entries * 4
         cq_size = cqes + cq_entries * _CQE.size
@@ -168,7 +168,6 @@ class SendRing:
         self._cqes = cqes
         # the CQEs as 32-bit words (`send` reads user_data's low word and res)
         self._cq_words = memoryview(self._cq)[cqes : cqes + cq_entries * _CQE.size].cast("i")
-        del sq_head
         for i in range(sq_entries):  # slot i always names SQE i
             _U32.pack_into(self._sq, sq_array + 4 * i, i)
 
@@ -227,5 +226,4 @@ class SendRing:
             results[words[at]] = words[at + 2]
             head = (head + 1) & 0xFFFFFFFF
         _U32.pack_into(cq, self._cq_head, head)
-        del held
         return results

@@ -31,7 +31,7 @@ Rules:
    and the peer node idled meanwhile (bench/RESULTS.md, thirtieth pass). Another write
    of the path still flushes everything held first (rule 2).
 6. Many writes leave in one system call (agent.proxy.uring): in a flush (or part),
-   each plain TCP transport's first write, when nothing is queued in the transport,
+   each plain TCP or Unix transport's first write, when nothing is queued in it,
    goes to the loop's `SendRing` (opened at the first such flush) when there are
    `MIN_SENDS` (4) of them or more; the rest go to the transports after what the
    ring's sends did not take, so each connection's bytes keep their order. One send
@@ -71,7 +71,7 @@ class WriteBatch:
         self._loop = weakref.ref(loop)  # the registry's value: a strong one would keep it
         self.items: list[tuple[asyncio.WriteTransport, bytes | memoryview]] = []
         self.lane = False  # a lane's response is held (rule 5)
-        self.ring: SendRing | None = None  # rule 6, opened at the first flush of two
+        self.ring: SendRing | None = None  # rule 6, opened at the first flush it may serve
         self._opened = False
 
     def hold(
