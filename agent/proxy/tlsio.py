@@ -20,7 +20,10 @@ Rules:
    the raw socket's write side; reading goes on until the peer's
    close_notify, which the protocol sees as `eof_received()` (return True
    to keep writing). `close()` sends close_notify (if not sent yet), then
-   closes the raw transport.
+   closes the raw transport. Records already received and not yet read when
+   `write_eof()` runs are decrypted first and delivered in order later:
+   OpenSSL's shutdown reads on after sending close_notify, and application
+   data it meets there is an error that ends every later read.
 4. Callbacks never raise into the loop: a TLS error aborts the connection.
 
 Compiled with mypyc (agent.native): every request of a cross-node hop passes through
@@ -34,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections import deque
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from agent.errors import AgentError
@@ -125,6 +129,9 @@ class TlsTransport(asyncio.Transport):
         self._eof_sent = False  # our close_notify is queued
         self._lost = False
         self._deliver_soon = False
+        # Decrypted before our close_notify, not delivered yet (rule 3): b"" is the peer's
+        # end of stream, None a TLS error. None while there is nothing.
+        self._ahead: deque[bytes | None] | None = None
         peer = raw.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         raw.set_protocol(_RawSide(self))
@@ -208,6 +215,10 @@ class TlsTransport(asyncio.Transport):
         read = self._ssl_read
         bio = self._in
         while not self._paused and not self._eof:
+            if self._ahead is not None:
+                if not self._deliver_ahead(proto, deliver):
+                    break
+                continue
             try:
                 data = read(READ_CHUNK)
             except ssl.SSLWantReadError:
@@ -218,9 +229,7 @@ class TlsTransport(asyncio.Transport):
                 self.abort()
                 return
             if not data:
-                self._eof = True
-                if not proto.eof_received():
-                    self.close()
+                self._peer_ended(proto)
                 break
             deliver(data)
             if (
@@ -230,6 +239,52 @@ class TlsTransport(asyncio.Transport):
             ):
                 break  # nothing left to decrypt: skip the read that would raise SSLWantReadError
         self._flush()
+
+    def _deliver_ahead(self, proto: asyncio.Protocol, deliver: Callable[[bytes], None]) -> bool:
+        """Hand over what `_read_ahead` kept; True when it is all gone and reading goes on."""
+        ahead = self._ahead
+        while ahead and not self._paused:
+            data = ahead.popleft()
+            if data is None:
+                self.abort()
+                return False
+            if not data:
+                self._ahead = None
+                self._peer_ended(proto)
+                return False
+            deliver(data)
+        if ahead:
+            return False  # paused
+        self._ahead = None
+        return True
+
+    def _peer_ended(self, proto: asyncio.Protocol) -> None:
+        self._eof = True
+        if not proto.eof_received():
+            self.close()
+
+    def _read_ahead(self) -> None:
+        """Decrypt every whole record received so far into `_ahead` (rule 3)."""
+        if self._eof:
+            return
+        ahead = self._ahead if self._ahead is not None else deque()
+        read = self._ssl_read
+        while not ahead or ahead[-1]:
+            try:
+                data = read(READ_CHUNK)
+            except ssl.SSLWantReadError:
+                break
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                data = b""
+            except (ssl.SSLError, OSError):
+                ahead.append(None)
+                break
+            ahead.append(data)
+        if ahead:
+            self._ahead = ahead
+            if not self._paused and not self._deliver_soon:
+                self._deliver_soon = True
+                self._loop.call_soon(self._deliver)
 
     def _flush(self) -> None:
         if self._out.pending and not self._raw.is_closing():
@@ -301,16 +356,19 @@ class TlsTransport(asyncio.Transport):
         """Send close_notify and shut the raw write side; reading goes on (rule 3)."""
         if self._closing or self._lost or self._eof_sent:
             return
-        self._send_close_notify()
+        self._send_close_notify(keep_reading=True)
         if not self._raw.is_closing() and self._raw.can_write_eof():
             self._raw.write_eof()
 
-    def _send_close_notify(self) -> None:
+    def _send_close_notify(self, *, keep_reading: bool = False) -> None:
         if self._eof_sent or not self._established or self._lost:
             return
         self._eof_sent = True
-        # unwrap() queues close_notify, then wants the peer's: with memory BIOs
-        # that is SSLWantReadError, and reading application data still works.
+        if keep_reading:
+            self._read_ahead()
+        # unwrap() queues close_notify, then wants the peer's: with memory BIOs and
+        # nothing whole left to read that is SSLWantReadError, and reading application
+        # data still works.
         with contextlib.suppress(ssl.SSLError, OSError, ValueError):
             self._obj.unwrap()
         self._flush()

@@ -201,6 +201,42 @@ def test_half_close_the_server_answers_after_the_clients_close_notify(run, conte
     run(body)
 
 
+class _PausesAtFirstRecord(_Peer):
+    """Stops reading after its first delivery, as a relay does when its other side is
+    full: the rest of what the raw transport read stays in the session, undecrypted."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: Any = transport
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if len(self.data) == len(data):
+            self.transport.pause_reading()
+
+
+def test_half_close_while_records_wait_unread_loses_none_of_them(run, contexts):
+    """Rule 3 with records received and not yet read: sending close_notify must not
+    swallow them (OpenSSL's shutdown reads on and takes application data for an error)."""
+    payload = bytes(range(256)) * 4096  # 1 MiB
+
+    async def body() -> None:
+        server, client = _Peer(keep_open=True), _PausesAtFirstRecord(keep_open=True)
+        async with _pair(contexts, server, client) as (ctls, stls):
+            stls.write(payload)
+            await client.until(1)
+            await asyncio.sleep(0.1)  # the rest of the raw read waits in the session
+            assert ctls._in.pending > 0  # the state this test is about
+            ctls.write_eof()
+            await asyncio.wait_for(server.eof.wait(), 5)
+            stls.write(b"and after the client's close_notify")
+            stls.write_eof()
+            ctls.resume_reading()
+            await asyncio.wait_for(client.eof.wait(), 5)
+            assert bytes(client.data) == payload + b"and after the client's close_notify"
+
+    run(body)
+
+
 def test_bytes_that_are_not_tls_end_their_connection_only(run, contexts):
     async def body() -> None:
         bad_server, good_server = _Peer(), _Peer()
