@@ -24,6 +24,15 @@ Rules:
 6. With `placement` "split" (the default) every setup runs with its nodes on
    their own CPUs (`agent.bench.topology` rule 5, over `setups.nodes_of` nodes);
    "shared" leaves placement to the scheduler. `machine.placement` says which.
+7. Variants (`--variant NAME:KEY=VALUE[,KEY=VALUE]`, `Variant`): in every
+   round each meshagent setup runs once as it is (`BASE`) and once per variant,
+   with the variant's environment variables set while it starts its node
+   agents (they inherit the bench's environment). What the agents got is read
+   back from their /proc/PID/environ: a variant whose agents lack it is an
+   error row, not a measurement. Base goes first in odd rounds and last in
+   even ones, so no side always runs warm or late. Base rows are the run's
+   rows; each variant's go to the document's `variants` (agent.bench.report
+   rule 9), paired with base's round by round.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import datetime as dt
 import logging
 import os
 import platform
+import re
 import secrets
 import subprocess
 import time
@@ -48,7 +58,7 @@ from agent.bench.topology import per_node, placed
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator, Sequence
 
     from agent.bench.setups import Target, Topology
 
@@ -87,6 +97,40 @@ QUICK_SETUPS = (
 )
 
 
+BASE: Final = "base"  # rule 7: the agents as they are, with the bench's environment
+_VARIANT_NAME: Final = re.compile(r"[a-z0-9][a-z0-9-]*")
+_ENV_KEY: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """The node agents started with `env` set (rule 7)."""
+
+    name: str
+    env: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        """`NAME:KEY=VALUE[,KEY=VALUE...]`.
+
+        Raises:
+            ValueError: not of that form; the message quotes what was given.
+        """
+        name, sep, assigns = text.partition(":")
+        if not sep or not _VARIANT_NAME.fullmatch(name) or name == BASE:
+            raise ValueError(
+                "--variant wants NAME:KEY=VALUE[,KEY=VALUE...], NAME of a-z, 0-9 and '-' "
+                f"other than {BASE!r}; got {text!r}"
+            )
+        env = []
+        for item in assigns.split(","):
+            key, eq, value = item.partition("=")
+            if not eq or not _ENV_KEY.fullmatch(key):
+                raise ValueError(f"--variant {name}: {item!r} is not KEY=VALUE")
+            env.append((key, value))
+        return cls(name, tuple(env))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Options:
     """What one run measures and for how long."""
@@ -102,6 +146,7 @@ class Options:
     icount_dir: Path | None = None  # `--icount`: workers under callgrind (bench.callgrind)
     repeat: int = 1  # `--repeat`: rounds of every setup's loads, medians reported (report rule 6)
     placement: str = "split"  # `--placement`: each node on its own CPUs, or shared (rule 6)
+    variants: tuple[Variant, ...] = ()  # `--variant`: the agents A/B'd against base (rule 7)
 
     @classmethod
     def make(  # noqa: PLR0913 - one keyword per CLI option
@@ -116,15 +161,21 @@ class Options:
         icount_dir: Path | None = None,
         repeat: int = 1,
         placement: str = "split",
+        variants: Sequence[str] = (),
     ) -> Options:
         """Options from the CLI's values.
 
         Raises:
-            ValueError: an unknown setup, load or placement name, fewer than one round, or
-                loads too short to count (`callgrind.MIN_DURATION_S`).
+            ValueError: an unknown setup, load or placement name, fewer than one round,
+                loads too short to count (`callgrind.MIN_DURATION_S`), or a malformed or
+                repeated `--variant`.
         """
         if repeat < 1:
             raise ValueError(f"--repeat must be at least 1, got {repeat}")
+        parsed = tuple(Variant.parse(v) for v in variants)
+        names = [v.name for v in parsed]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--variant names must differ, got {', '.join(names)}")
         if placement not in PLACEMENTS:
             raise ValueError(
                 f"--placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}"
@@ -155,6 +206,7 @@ class Options:
             icount_dir=icount_dir,
             repeat=repeat,
             placement=placement,
+            variants=parsed,
         )
 
 
@@ -299,15 +351,26 @@ def accel_delta(before: dict[str, int] | None, after: dict[str, int] | None) -> 
     return {"accel": {k: after[k] - before.get(k, 0) for k in after}}
 
 
-def _run_setup(
-    topo: Topology, name: str, opts: Options, rows: list[dict[str, Any]], notes: list[str]
+def _run_setup(  # noqa: PLR0913 - where the rows go and the variant's environment
+    topo: Topology,
+    name: str,
+    opts: Options,
+    rows: list[dict[str, Any]],
+    notes: list[str],
+    *,
+    env: tuple[tuple[str, str], ...] = (),
 ) -> None:
     meshed = name.startswith("meshagent-")  # only meshagent setups have workers
     directory = opts.profile_dir / name if opts.profile_dir is not None and meshed else None
     counted = opts.interp_dir / name if opts.interp_dir is not None and meshed else None
     wrapped = opts.icount_dir / name if opts.icount_dir is not None and meshed else None
-    with profile.profiling(directory), interp.counting(counted), callgrind.counting(wrapped):
-        _measure_setup(topo, name, opts, rows, wrapped)
+    with (
+        profile.profiling(directory),
+        interp.counting(counted),
+        callgrind.counting(wrapped),
+        _environment(env),
+    ):
+        _measure_setup(topo, name, opts, rows, icount_dir=wrapped, env=env)
     # The agents stopped: their workers wrote their files. Every round so far: the
     # directory holds the files of each round's workers.
     requests = sum(r.get("requests") or 0 for r in rows if r["setup"] == name)
@@ -325,18 +388,48 @@ def _run_setup(
         _note(notes, f"interpreted calls of {name}: ", text)
 
 
+@contextlib.contextmanager
+def _environment(env: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """`env` set in this process while the block runs (what the agents it starts inherit)."""
+    saved = {key: os.environ.get(key) for key, _ in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def missing_env(pids: list[int], env: tuple[tuple[str, str], ...]) -> list[str]:
+    """`KEY=VALUE`s of `env` that some process of `pids` does not have (rule 7)."""
+    want = [f"{k}={v}".encode() for k, v in env]
+    missing: list[str] = []
+    for pid in pids:
+        try:
+            have = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue  # gone: its CPU is not counted either
+        missing += [w.decode() for w in want if w not in have and w.decode() not in missing]
+    return missing
+
+
 def _note(notes: list[str], tag: str, text: str) -> None:
     """Replace the note that starts with `tag` (an earlier round's) with `tag + text`."""
     notes[:] = [n for n in notes if not n.startswith(tag)]
     notes.append(tag + text)
 
 
-def _measure_setup(
+def _measure_setup(  # noqa: PLR0913 - the run's facts, then what it runs under
     topo: Topology,
     name: str,
     opts: Options,
     rows: list[dict[str, Any]],
+    *,
     icount_dir: Path | None = None,
+    env: tuple[tuple[str, str], ...] = (),
 ) -> None:
     place = opts.placement == "split"
     try:
@@ -344,6 +437,11 @@ def _measure_setup(
             placed(topo, setups.nodes_of(name)) if place else contextlib.nullcontext(),
             setups.SETUPS[name](topo) as target,
         ):
+            missing = missing_env(target.proxy_pids(), env)
+            if missing:
+                why = f"the variant's environment did not reach the node agents: {missing}"
+                rows.append({"setup": name, "load": "*", "error": why})
+                return
             for load in opts.loads:
                 skip = _applicable(target, load)
                 if skip:
@@ -465,6 +563,7 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
     Lab.cleanup_stale()
     workdir = setups.new_workdir(opts.workdir)
     rows: list[dict[str, Any]] = []
+    by_variant: dict[str, list[dict[str, Any]]] = {v.name: [] for v in opts.variants}
     notes: list[str] = []
     started = time.monotonic()
     calibration = {"start": calibrate.measure()}
@@ -476,8 +575,14 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
                 _warm_up(topo)
                 for rnd in range(1, opts.repeat + 1):
                     for name in opts.setups:
-                        say(f"setup {name}" + (f" (round {rnd})" if opts.repeat > 1 else ""))
-                        _run_setup(topo, name, opts, rows, notes)
+                        for variant in variant_order(name, opts.variants, rnd):
+                            say(
+                                f"setup {name}"
+                                + (f" [{variant.name}]" if opts.variants else "")
+                                + (f" (round {rnd})" if opts.repeat > 1 else "")
+                            )
+                            got = rows if variant.name == BASE else by_variant[variant.name]
+                            _run_setup(topo, name, opts, got, notes, env=variant.env)
                 if opts.memory_pods:
                     say(f"memory with {', '.join(map(str, opts.memory_pods))} meshed pods")
                     _memory(topo, opts, rows)
@@ -494,7 +599,21 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
     notes += _not_yet_notes(opts)
     notes += interpreted
     doc_machine = machine(calibration, opts.placement)
-    return report.document(doc_machine, report.combine(rows), notes, measured=rows)
+    doc = report.document(doc_machine, report.combine(rows), notes, measured=rows)
+    if opts.variants:
+        envs = {v.name: dict(v.env) for v in opts.variants}
+        doc["variants"] = report.variants(rows, by_variant, envs)
+    return doc
+
+
+def variant_order(name: str, variants: tuple[Variant, ...], rnd: int) -> list[Variant]:
+    """Who runs setup `name` in round `rnd`, in order (rule 7): base alone unless the
+    setup starts node agents and there are variants."""
+    base = Variant(BASE, ())
+    if not variants or not name.startswith("meshagent-"):
+        return [base]
+    order = [base, *variants]
+    return order if rnd % 2 else order[::-1]
 
 
 _NATIVE_SAYS: Final = {

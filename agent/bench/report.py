@@ -46,6 +46,13 @@ Rules:
    machine whose speed drifts between minutes, a slow round slows both sides
    of its ratios, so these are steadier than ratios of medians that pair one
    side's fast round with the other's slow one. `{}` with one round.
+9. Variants (`variants`, agent.bench.harness rule 7): for each variant and
+   each setup and load both it and base measured, the n-th rows of the two
+   are round n's pair (a pair with a failed row is left out). Per metric of
+   `VARIANT_METRICS` the variant's number over base's in each round, their
+   median, and in how many rounds the variant did better (higher rps and
+   Gbit/s, lower CPU per request and latency). The variant's own rows are
+   combined as rule 6 says.
 """
 
 from __future__ import annotations
@@ -361,6 +368,68 @@ def paired_ratios(rows: Sequence[Row]) -> dict[str, float]:
         for name, value in ratios(round_rows).items():
             each.setdefault(name, []).append(value)
     return {name: round(statistics.median(values), 3) for name, values in each.items()}
+
+
+# (row key, higher is better): what a variant is compared on with base (rule 9)
+VARIANT_METRICS: list[tuple[str, bool]] = [
+    ("rps", True),
+    ("gbps", True),
+    ("cpu_s_per_req", False),
+    ("p50_ms", False),
+    ("p99_ms", False),
+]
+
+
+def _rounds(rows: Sequence[Row]) -> dict[tuple[str, str], list[Row]]:
+    """Rows by (setup, load), in the order measured: the n-th is round n's."""
+    out: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        out.setdefault((r["setup"], r["load"]), []).append(r)
+    return out
+
+
+def variants(
+    base: Sequence[Row],
+    by_variant: Mapping[str, Sequence[Row]],
+    envs: Mapping[str, Mapping[str, str]],
+) -> dict[str, Any]:
+    """Rule 9: each variant against base, round by round; rows as measured."""
+    base_rounds = _rounds(base)
+    out: dict[str, Any] = {}
+    for name, rows in by_variant.items():
+        paired: dict[str, Any] = {}
+        for (setup, load), mine in _rounds(rows).items():
+            theirs = base_rounds.get((setup, load), [])
+            pairs = [
+                (m, t) for m, t in zip(mine, theirs, strict=False)
+                if not m.get("error") and not t.get("error")
+            ]  # fmt: skip
+            for key, higher_better in VARIANT_METRICS:
+                each = [_ratio(m.get(key), t.get(key)) for m, t in pairs]
+                values = [v for v in each if v is not None]
+                if not values:
+                    continue
+                better = sum(1 for v in values if (v > 1 if higher_better else v < 1))
+                paired[f"{key}:{setup}@{load}"] = {
+                    "median": round(statistics.median(values), 3),
+                    "rounds": values,
+                    "better": better,
+                }
+        out[name] = {"env": dict(envs.get(name, {})), "results": combine(rows), "paired": paired}
+    return out
+
+
+def variant_lines(summary: Mapping[str, Any]) -> list[str]:
+    """One line per variant metric, for the table output."""
+    lines = []
+    for name, v in summary.items():
+        env = ",".join(f"{k}={val}" for k, val in v["env"].items())
+        for metric, p in v["paired"].items():
+            lines.append(
+                f"{name} ({env}) / base: {metric} = {p['median']} "
+                f"(better in {p['better']} of {len(p['rounds'])} rounds)"
+            )
+    return lines
 
 
 def document(

@@ -172,6 +172,15 @@ def register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="split: each simulated node on its own share of the CPUs (default); shared: "
         "the scheduler places every process anywhere; env MESHAGENT_BENCH_PLACEMENT",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="also run every meshagent setup with these environment variables set for its "
+        "node agents, alternating with the agents as they are (base) in each round; "
+        "reported as variant/base per round (repeatable; use with --repeat)",
+    )
     output_flag(parser, ("table", "json"))
     parser.set_defaults(handler=_bench)
 
@@ -184,6 +193,8 @@ def _bad_flag(args: argparse.Namespace, why: str) -> tuple[str, str]:
         return "--placement", str(args.placement)
     if why.startswith("--icount"):
         return "--duration", str(args.duration)
+    if why.startswith("--variant"):
+        return "--variant", " ".join(args.variant)
     return "--setups/--loads", f"{args.setups},{args.loads}"
 
 
@@ -207,6 +218,7 @@ def _bench(args: argparse.Namespace) -> int:
             icount_dir=(out / "icount").resolve() if args.icount else None,
             repeat=args.repeat,
             placement=args.placement,
+            variants=args.variant,
         )
     except ValueError as exc:
         raise SettingError(*_bad_flag(args, str(exc)), str(exc)) from None
@@ -228,6 +240,10 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"  {key} = {value}")
     for key, value in doc["memory"].items():
         print(f"  memory {key}: {value}")
+    if doc.get("variants"):
+        print("\nvariants, variant/base within each round, median over rounds:")
+        for line in report.variant_lines(doc["variants"]):
+            print(f"  {line}")
     for note in [*doc["notes"], why_not or f"plot: {out / 'bench.png'}", f"json: {out}/bench.json"]:
         print(f"note: {note}")
     return 0

@@ -129,3 +129,27 @@ def test_the_tls_floor_runs_on_haproxy_tls_two_hops_and_is_compared_with_it(tmp_
         assert row["cpu_s"] > 0
         assert rows[l7, "http1-rate-1000"]["added_p99_ms"] is not None
         assert doc["ratios"][f"http1_saturate_rps:python-floor-tls/{l7}@http1-saturate"] > 0
+
+
+@pytest.mark.timeout(90)
+def test_a_variant_runs_beside_base_each_round_and_is_paired_with_it(tmp_path):
+    sat = "http1-saturate"
+    more = ("--repeat", "2", "--variant", "noring:MESHAGENT_IO_URING=off")
+    doc = _bench(tmp_path, "haproxy-http,meshagent-iptables", sat, *more, timeout=80)
+    base = {(r["setup"], r["load"]): r for r in doc["results"]}
+    assert base["meshagent-iptables", sat]["rounds"] == 2
+    assert base["haproxy-http", sat]["rounds"] == 2  # a peer runs once a round, as it is
+    variant = doc["variants"]["noring"]
+    assert variant["env"] == {"MESHAGENT_IO_URING": "off"}
+    # its agents had the variable (read back from /proc, harness rule 7): no error row
+    (row,) = variant["results"]
+    assert "error" not in row, row
+    assert (row["setup"], row["load"], row["rounds"]) == ("meshagent-iptables", sat, 2)
+    assert row["rps"] > 0
+    paired = variant["paired"][f"rps:meshagent-iptables@{sat}"]
+    assert len(paired["rounds"]) == 2
+    assert all(v > 0 for v in paired["rounds"])
+    assert 0 <= paired["better"] <= 2
+    assert set(variant["paired"]) == {
+        f"{k}:meshagent-iptables@{sat}" for k in ("rps", "cpu_s_per_req", "p50_ms", "p99_ms")
+    }

@@ -11,12 +11,16 @@ import pytest
 from agent.bench import setups
 from agent.bench.harness import (
     ALL_LOADS,
+    BASE,
     QUICK_MEMORY_PODS,
     QUICK_SETUPS,
     Options,
+    Variant,
     accel_delta,
     cpu_seconds,
+    missing_env,
     native_notes,
+    variant_order,
 )
 
 
@@ -143,3 +147,65 @@ def test_a_run_whose_agents_would_run_interpreted_says_so(state, says):
 def test_a_compiled_run_or_one_without_agents_says_nothing_of_it():
     assert native_notes(Options.make(quick=False, setups_="meshagent-ebpf"), "active") == []
     assert native_notes(Options.make(quick=False, setups_="direct,haproxy-http"), "stale") == []
+
+
+def test_a_variant_is_a_name_and_environment_variables():
+    opts = Options.make(quick=True, variants=["ring:MESHAGENT_IO_URING=on", "two:A=1,B_2=x=y"])
+    assert opts.variants == (
+        Variant("ring", (("MESHAGENT_IO_URING", "on"),)),
+        Variant("two", (("A", "1"), ("B_2", "x=y"))),
+    )
+    assert Options.make(quick=True).variants == ()
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ("MESHAGENT_IO_URING=off", "--variant wants NAME:KEY=VALUE"),
+        ("base:A=1", "other than 'base'"),
+        ("Big:A=1", "--variant wants NAME:KEY=VALUE"),
+        ("off:MESHAGENT_IO_URING", r"--variant off: 'MESHAGENT_IO_URING' is not KEY=VALUE"),
+        ("off:A=1,", r"--variant off: '' is not KEY=VALUE"),
+        ("off:1A=1", r"--variant off: '1A=1' is not KEY=VALUE"),
+    ],
+)
+def test_a_malformed_variant_is_refused_with_what_was_given(given, says):
+    with pytest.raises(ValueError, match=says):
+        Options.make(quick=True, variants=[given])
+
+
+def test_variant_names_must_differ():
+    with pytest.raises(ValueError, match="--variant names must differ, got a, a"):
+        Options.make(quick=True, variants=["a:X=1", "a:X=2"])
+
+
+def test_variants_alternate_with_base_and_only_for_setups_with_agents():
+    a, b = Variant("a", (("X", "1"),)), Variant("b", (("X", "2"),))
+    names = lambda order: [v.name for v in order]  # noqa: E731
+    assert names(variant_order("meshagent-ebpf", (a, b), 1)) == [BASE, "a", "b"]
+    assert names(variant_order("meshagent-ebpf", (a, b), 2)) == ["b", "a", BASE]
+    assert names(variant_order("meshagent-ebpf-xnode", (a,), 3)) == [BASE, "a"]
+    assert names(variant_order("haproxy-http", (a, b), 1)) == [BASE]
+    assert names(variant_order("meshagent-ebpf", (), 2)) == [BASE]
+
+
+def test_missing_env_reads_what_a_real_process_was_started_with():
+    env = {"MESHAGENT_BENCH_PROBE": "on", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen(["sleep", "30"], env=env)
+    try:
+        assert missing_env([proc.pid], (("MESHAGENT_BENCH_PROBE", "on"),)) == []
+        assert missing_env([proc.pid], (("MESHAGENT_BENCH_PROBE", "off"),)) == [
+            "MESHAGENT_BENCH_PROBE=off"
+        ]
+        assert missing_env([proc.pid], (("OTHER", "1"),)) == ["OTHER=1"]
+        assert missing_env([proc.pid], ()) == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_cli_names_a_bad_variant_and_starts_nothing():
+    argv = [sys.executable, "-m", "agent", "bench", "--variant", "x:1A=2"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "--variant='x:1A=2': --variant x: '1A=2' is not KEY=VALUE" in done.stderr

@@ -316,3 +316,39 @@ def test_paired_ratios_need_two_rounds():
     ]
     assert report.paired_ratios(rows) == {}
     assert report.document({}, rows, [])["ratios_paired"] == {}
+
+
+def test_a_variant_is_paired_with_base_round_by_round():
+    sat, rate = "http1-saturate", "http1-rate-1000"
+    base = [
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 100.0, "cpu_s_per_req": 4e-5},
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 50.0, "cpu_s_per_req": 5e-5},
+        {"setup": "meshagent-ebpf", "load": sat, "error": "agent not ready"},
+        {"setup": "meshagent-ebpf", "load": rate, "p50_ms": 0.2, "p99_ms": 1.0},
+        {"setup": "haproxy-http", "load": sat, "rps": 90.0},
+    ]  # fmt: skip
+    ring = [  # a slow second round slows both sides: per round, the variant won both
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 110.0, "cpu_s_per_req": 3e-5},
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 60.0, "cpu_s_per_req": 6e-5},
+        {"setup": "meshagent-ebpf", "load": sat, "rps": 70.0, "cpu_s_per_req": 6e-5},
+        {"setup": "meshagent-ebpf", "load": rate, "p50_ms": 0.1, "p99_ms": None},
+    ]  # fmt: skip
+    got = report.variants(base, {"ring": ring}, {"ring": {"MESHAGENT_IO_URING": "on"}})
+    assert set(got) == {"ring"}
+    assert got["ring"]["env"] == {"MESHAGENT_IO_URING": "on"}
+    paired = got["ring"]["paired"]
+    rps = paired[f"rps:meshagent-ebpf@{sat}"]
+    assert rps["rounds"] == [1.1, 1.2]  # round 3's base failed: no pair
+    assert (rps["median"], rps["better"]) == (1.15, 2)
+    cpu = paired[f"cpu_s_per_req:meshagent-ebpf@{sat}"]
+    assert (cpu["rounds"], cpu["better"]) == ([0.75, 1.2], 1)  # lower is better
+    assert paired[f"p50_ms:meshagent-ebpf@{rate}"]["rounds"] == [0.5]
+    assert f"p99_ms:meshagent-ebpf@{rate}" not in paired  # a side had no number
+    assert not any("haproxy" in k for k in paired)  # base-only setups pair with nothing
+    (combined,) = [r for r in got["ring"]["results"] if r["load"] == sat]
+    assert combined["rps"] == 70.0  # the variant's own rows, medians (rule 6)
+    lines = report.variant_lines(got)
+    assert (
+        f"ring (MESHAGENT_IO_URING=on) / base: rps:meshagent-ebpf@{sat} = 1.15 "
+        "(better in 2 of 2 rounds)" in lines
+    )
