@@ -191,8 +191,12 @@ def test_variants_alternate_with_base_and_only_for_setups_with_agents():
 
 def test_missing_env_reads_what_a_real_process_was_started_with():
     env = {"MESHAGENT_BENCH_PROBE": "on", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen(["sleep", "30"], env=env)
+    script = "import time; print('up', flush=True); time.sleep(30)"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True
+    )
     try:
+        assert proc.stdout.readline() == "up\n"  # past exec: its environment is in place
         assert missing_env([proc.pid], (("MESHAGENT_BENCH_PROBE", "on"),)) == []
         assert missing_env([proc.pid], (("MESHAGENT_BENCH_PROBE", "off"),)) == [
             "MESHAGENT_BENCH_PROBE=off"
@@ -202,6 +206,7 @@ def test_missing_env_reads_what_a_real_process_was_started_with():
     finally:
         proc.kill()
         proc.wait()
+        proc.stdout.close()
 
 
 def test_the_cli_names_a_bad_variant_and_starts_nothing():
