@@ -11,7 +11,7 @@ Rules:
    one read chunk, whatever the sender does.
 4. Idle: no byte either way for `idle_timeout` seconds aborts both sides
    (checked by a coarse timer, never re-armed per read).
-5. Nothing here raises into the loop: a dead side closes the other.
+5. Nothing here raises into the loop: a dead side ends the other (rule 9).
 6. Handover: an accepted connection sits in `Held` (paused, first chunk and
    EOF kept) until `Relay.attach` takes it, which pauses it again until the
    upstream side exists (uvloop resumes reading after `connection_made`).
@@ -21,21 +21,28 @@ Rules:
    fresh `Held` (`hold`) and reads `prefix`/`eof` back afterwards: bytes or an
    EOF that still arrive (uvloop's first read) land there instead of in a
    protocol nobody reads any more.
+9. A side that closed cleanly closes the other, flushing (rule 2). A side lost
+   to an error (the peer reset it, a write met a broken pipe) resets the other,
+   so that its peer learns the stream broke instead of reading a clean end: a
+   plain side once what is buffered for it is written (SO_LINGER 0, then
+   close), a TLS side at once and without close_notify (which would say the
+   stream ended whole). `reason` is then "reset".
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import TYPE_CHECKING, cast
-
-if TYPE_CHECKING:
-    import socket
+import socket
+import struct
+from typing import Final, cast
 
 logger = logging.getLogger(__name__)
 
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
+_LINGER_RESET: Final = struct.pack("ii", 1, 0)  # close() then sends RST (rule 9)
 
 
 class Held(asyncio.Protocol):
@@ -179,7 +186,7 @@ class Relay:
         self.upstream = _Side(self, "upstream")
         self.downstream.peer, self.upstream.peer = self.upstream, self.downstream
         self.done: asyncio.Future[None] = self._loop.create_future()
-        self.reason = ""  # why it ended: "eof", "lost", "idle", "aborted"
+        self.reason = ""  # why it ended: "eof", "lost", "reset", "idle", "aborted"
         self._idle_timeout = idle_timeout
         self._idle_handle: asyncio.TimerHandle | None = None
         self._last_total = -1
@@ -260,24 +267,28 @@ class Relay:
         """End now: drop buffers, reset both sides."""
         self._end("aborted", abort=True)
 
-    def _end(self, reason: str, *, abort: bool) -> None:
+    def _end(self, reason: str, *, abort: bool, reset: bool = False) -> None:
         if not self.reason:
             self.reason = reason
         for side in (self.downstream, self.upstream):
             tr = side.transport
             if tr is None or side.lost:
                 continue
-            if abort:
+            if reset:
+                _reset(tr)
+            elif abort:
                 tr.abort()
             elif not tr.is_closing():
                 tr.close()
         self._maybe_done()
 
     def side_lost(self, side: _Side, exc: Exception | None) -> None:
-        """A side's connection is gone: close the other (flushing what it holds)."""
-        if exc is not None:
-            logger.debug("relay side lost", extra={"side": side.name, "error": exc})
-        self._end("lost", abort=False)
+        """A side's connection is gone: end the other as it ended (rule 9)."""
+        if exc is None:
+            self._end("lost", abort=False)
+            return
+        logger.debug("relay side lost", extra={"side": side.name, "error": exc})
+        self._end("reset", abort=False, reset=True)
 
     def _maybe_done(self) -> None:
         if self.done.done():
@@ -299,6 +310,18 @@ class Relay:
             s.transport.get_write_buffer_size() if s.transport and not s.lost else 0
             for s in (self.downstream, self.upstream)
         )
+
+
+def _reset(tr: asyncio.Transport) -> None:
+    """Reset `tr`'s connection: a plain one after its buffer is written (rule 9)."""
+    sock = tr.get_extra_info("socket")  # a TLS transport's: the raw one's
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    if tr.get_extra_info("ssl_object") is not None:
+        tr.abort()  # no close_notify: the peer must not take this for a whole stream
+    elif not tr.is_closing():
+        tr.close()
 
 
 async def open_relay(  # noqa: PLR0913 - the relay's knobs, all keyword-only

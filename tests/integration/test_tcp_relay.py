@@ -7,7 +7,6 @@ Each test runs one loop holding the client, the relay front (accept, pause,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import struct
@@ -238,13 +237,17 @@ def test_idle_connection_is_closed_but_a_trickling_one_is_not():
     aio.run(main())
 
 
-def test_client_reset_closes_upstream():
+def test_client_reset_resets_upstream():
     async def main() -> None:
         ended = asyncio.Event()
+        how: list[str] = []
 
         async def wait_eof(sock: socket.socket) -> None:
-            with contextlib.suppress(ConnectionResetError):
+            try:
                 await _read_to_eof(sock)
+                how.append("eof")
+            except ConnectionResetError:
+                how.append("reset")
             ended.set()
 
         async with Rig(wait_eof) as rig:
@@ -255,7 +258,8 @@ def test_client_reset_closes_upstream():
             async with asyncio.timeout(5):
                 await ended.wait()
                 await relay.wait()
-            assert relay.reason in {"lost", "eof"}
+            assert relay.reason == "reset"
+            assert how == ["reset"]  # rule 9: passed on, not turned into an end of stream
 
     aio.run(main())
 
@@ -293,5 +297,62 @@ def test_bytes_sent_while_upstream_is_still_connecting_are_not_lost():
                     assert await _read_to_eof(client) == sent
             finally:
                 client.close()
+
+    aio.run(main())
+
+
+def test_upstream_reset_reaches_the_client_as_a_reset_after_what_was_sent():
+    """Rule 9: an upstream that resets must not look like one that ended its stream."""
+    sent = os.urandom(300_000)
+
+    async def send_then_reset(sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(sock, sent)
+        await asyncio.sleep(0.2)  # the bytes are in the relay or with the client
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # RST
+
+    async def main() -> None:
+        async with Rig(send_then_reset) as rig:
+            client = await rig.client()
+            relay = await rig.one_relay()
+            got = bytearray()
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(5):
+                await relay.wait()
+                await asyncio.sleep(0.1)  # the reset reaches the client's socket
+                try:
+                    while chunk := await loop.sock_recv(client, 65536):
+                        got += chunk
+                    ended = "eof"
+                except ConnectionResetError:
+                    ended = "reset"
+            client.close()
+            assert relay.reason == "reset"
+            assert ended == "reset"
+            assert bytes(got) == sent[: len(got)]
+
+    aio.run(main())
+
+
+def test_upstream_that_closes_cleanly_ends_the_client_with_eof_and_every_byte():
+    sent = os.urandom(300_000)
+
+    async def send_then_close(sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(sock, sent)
+        sock.close()  # FIN: nothing unread
+
+    async def main() -> None:
+        async with Rig(send_then_close) as rig:
+            client = await rig.client()
+            relay = await rig.one_relay()
+            client.shutdown(socket.SHUT_WR)
+            async with asyncio.timeout(5):
+                got = await _read_to_eof(client)
+                await relay.wait()
+            client.close()
+            assert got == sent
+            assert relay.reason in {"eof", "lost"}
 
     aio.run(main())
