@@ -58,7 +58,7 @@ from agent.bench.topology import per_node, placed
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Sequence
 
     from agent.bench.setups import Target, Topology
 
@@ -368,7 +368,7 @@ def _run_setup(  # noqa: PLR0913 - where the rows go and the variant's environme
         profile.profiling(directory),
         interp.counting(counted),
         callgrind.counting(wrapped),
-        _environment(env),
+        profile.environment(dict(env)),
     ):
         _measure_setup(topo, name, opts, rows, icount_dir=wrapped, env=env)
     # The agents stopped: their workers wrote their files. Every round so far: the
@@ -386,21 +386,6 @@ def _run_setup(  # noqa: PLR0913 - where the rows go and the variant's environme
         if got is not None:
             text = f"{got[1].per_request():.3f} per request ({got[0]})"
         _note(notes, f"interpreted calls of {name}: ", text)
-
-
-@contextlib.contextmanager
-def _environment(env: tuple[tuple[str, str], ...]) -> Iterator[None]:
-    """`env` set in this process while the block runs (what the agents it starts inherit)."""
-    saved = {key: os.environ.get(key) for key, _ in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def missing_env(pids: list[int], env: tuple[tuple[str, str], ...]) -> list[str]:
