@@ -9,7 +9,9 @@ milliseconds; on any path the query parameters `status=NNN`, `delay=MS` and
 `fail_pod=NAME` (500 from that pod only) do the same, so routes such as
 `/slow/{id}` or `/retry/{id}` can be exercised. Opaque (`--tcp`) ports echo
 every byte back, and answer a client's half-close with their own once the
-echo is written. With no port at all the process just waits: it is the pod's
+echo is written; a connection whose first bytes are `RESET_MARK` gets that
+first read echoed and is then reset (SO_LINGER 0), so tests can make an
+upstream reset. With no port at all the process just waits: it is the pod's
 "pause" process, so the pod has a process in its cgroup for the agent to
 discover.
 
@@ -29,6 +31,8 @@ import contextlib
 import json
 import re
 import signal
+import socket
+import struct
 import sys
 import urllib.parse
 from dataclasses import dataclass
@@ -37,6 +41,7 @@ from http import HTTPStatus
 _STATUS = re.compile(r"^/status/(\d{3})(?:[/?].*)?$")
 _DELAY = re.compile(r"^/delay/(\d+)(?:[/?].*)?$")
 MAX_HEAD = 64 * 1024
+RESET_MARK = b"meshagent-sandbox-reset\n"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,9 +187,14 @@ class Echo:
 
     async def tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            first = True
             while data := await reader.read(65536):
                 writer.write(data)
                 await writer.drain()
+                if first and data.startswith(RESET_MARK):
+                    await _reset(writer)
+                    return
+                first = False
             if writer.can_write_eof():
                 writer.write_eof()
         except OSError:
@@ -193,6 +203,16 @@ class Echo:
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
+
+
+async def _reset(writer: asyncio.StreamWriter) -> None:
+    """End with a reset once what was written has left this process."""
+    writer.transport.set_write_buffer_limits(high=0)  # drain() now waits for an empty buffer
+    await writer.drain()
+    writer.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+    )
+    writer.transport.abort()
 
 
 async def serve(pod: str, namespace: str, http: list[int], tcp: list[int]) -> None:

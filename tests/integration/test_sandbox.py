@@ -213,6 +213,33 @@ def test_opaque_port_echoes_one_mebibyte_byte_exact(sandbox):
         assert res.stdout == payload, res.stderr
 
 
+def test_an_opaque_upstream_that_resets_reaches_clients_as_a_reset(sandbox):
+    """tcp relay rule 9 on both paths: same node, and cross node where the inbound's
+    reset crosses the mTLS hop."""
+    from agent.sandbox.app import RESET_MARK  # noqa: PLC0415
+
+    script = (
+        "import socket,sys\n"
+        "s=socket.create_connection((sys.argv[1],5432),5);s.sendall(sys.stdin.buffer.read())\n"
+        "b=b''\n"
+        "try:\n"
+        "    while c:=s.recv(65536): b+=c\n"
+        "    print('eof',len(b))\n"
+        "except ConnectionResetError: print('reset',len(b))"
+    )
+    sent = RESET_MARK + b"x" * 1000
+    db = _pod(sandbox, "db")
+    clients = [p for p in sandbox["pods"] if p["meshed"] and p["name"] != db["name"]]
+    assert {p["node"] == db["node"] for p in clients} == {True, False}
+    for client in clients:
+        res = _in_pod(
+            client, sys.executable, "-c", script, "db.shop.svc.cluster.local", input_=sent
+        )
+        how, _, got = res.stdout.decode().partition(" ")
+        assert how == "reset", (client["name"], res.stdout, res.stderr)
+        assert 0 <= int(got) <= len(sent)
+
+
 def test_failing_replica_is_hidden_by_retries(sandbox):
     bad = _pod(sandbox, "api", 0)["name"]
     for i in range(10):
