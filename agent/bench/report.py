@@ -319,13 +319,18 @@ _MEDIAN_KEYS = (
 )
 
 
+def _rounds(rows: Sequence[Row]) -> dict[tuple[str, str], list[Row]]:
+    """Rows by (setup, load), in the order measured: the n-th is round n's."""
+    out: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        out.setdefault((r["setup"], r["load"]), []).append(r)
+    return out
+
+
 def combine(rows: Sequence[Row]) -> list[Row]:
     """One row per (setup, load) from rows of repeated rounds (rule 6), first-seen order."""
-    groups: dict[tuple[str, str], list[Row]] = {}
-    for r in rows:
-        groups.setdefault((r["setup"], r["load"]), []).append(r)
     out: list[Row] = []
-    for group in groups.values():
+    for group in _rounds(rows).values():
         good = [r for r in group if not r.get("error")]
         if len(group) == 1 or not good:
             out.append(dict(group[0]))
@@ -378,14 +383,6 @@ VARIANT_METRICS: list[tuple[str, bool]] = [
     ("p50_ms", False),
     ("p99_ms", False),
 ]
-
-
-def _rounds(rows: Sequence[Row]) -> dict[tuple[str, str], list[Row]]:
-    """Rows by (setup, load), in the order measured: the n-th is round n's."""
-    out: dict[tuple[str, str], list[Row]] = {}
-    for r in rows:
-        out.setdefault((r["setup"], r["load"]), []).append(r)
-    return out
 
 
 def variants(
