@@ -267,7 +267,7 @@ class TlsTransport(asyncio.Transport):
         """Decrypt every whole record received so far into `_ahead` (rule 3)."""
         if self._eof:
             return
-        ahead = self._ahead if self._ahead is not None else deque()
+        ahead: deque[bytes | None] = deque()  # runs once: our close_notify goes once
         read = self._ssl_read
         while not ahead or ahead[-1]:
             try:
