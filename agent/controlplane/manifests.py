@@ -32,6 +32,7 @@ Rules:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,6 +82,19 @@ def manifest_files(directory: str | Path) -> list[Path]:
         and p.is_file()
         and not any(part.startswith(".") for part in p.relative_to(root).parts)
     ]
+    return sorted(found)
+
+
+def manifest_folders(directory: str | Path) -> list[Path]:
+    """`directory` and its subfolders whose files `manifest_files` reads (symlinked
+    folders are not entered, dot-names skipped); [] when it is not a folder."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    found = [root]
+    for parent, dirs, _ in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found += (p for p in (Path(parent, d) for d in dirs) if not p.is_symlink())
     return sorted(found)
 
 

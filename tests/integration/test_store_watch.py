@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import queue
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from agent import aio
 from agent.controlplane import kinds_core as k8s
+from agent.controlplane import store as store_mod
 from agent.controlplane.store import FolderWatcher, ResourceStore, Snapshot
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -131,10 +133,10 @@ def test_start_loads_examples_before_returning(tmp_path):
         watcher.stop()
 
 
-async def test_async_run_and_changes_follow_the_folder(tmp_path):
+async def test_changes_follow_the_folder_on_the_loop(tmp_path):
     store = ResourceStore()
     watcher = FolderWatcher(tmp_path, store, interval=0.1)
-    task = aio.spawn(watcher.run(), name="watch")
+    watcher.start()
     stream = store.changes(initial=False)
     try:
         (tmp_path / "sa.yaml").write_text(sa_yaml("async"))
@@ -145,7 +147,102 @@ async def test_async_run_and_changes_follow_the_folder(tmp_path):
         assert names(snap) == set()
     finally:
         await stream.aclose()
-        await aio.cancel_and_wait([task])
+        watcher.stop()
+
+
+@pytest.fixture
+def notified(tmp_path):
+    """A watcher whose poll would take an hour: whatever it sees, inotify told it."""
+    store = ResourceStore()
+    updates: queue.Queue[Snapshot] = queue.Queue()
+    store.subscribe(updates.put)
+    watcher = FolderWatcher(tmp_path, store, interval=3600.0)
+    watcher.start()
+    yield tmp_path, watcher, updates
+    watcher.stop()
+
+
+def test_inotify_sees_files_and_new_subfolders_without_polling(notified):
+    folder, _, updates = notified
+    (folder / "sa.yaml").write_text(sa_yaml("one"))
+    wait_for(updates, lambda s: names(s) == {"one"})
+    deep = folder / "a" / "b"
+    deep.mkdir(parents=True)  # files right after: written before or after the new watch
+    (deep / "sa.yaml").write_text(sa_yaml("deep"))
+    (folder / "a" / "sa.json").write_text(
+        '{"apiVersion": "v1", "kind": "ServiceAccount", '
+        '"metadata": {"name": "json", "namespace": "shop"}}'
+    )
+    wait_for(updates, lambda s: names(s) == {"one", "deep", "json"})
+    shutil.rmtree(folder / "a")
+    wait_for(updates, lambda s: names(s) == {"one"})
+
+
+def test_inotify_sees_a_configmap_style_symlink_swap(notified):
+    """Kubernetes updates a ConfigMap volume by pointing ..data at a new folder."""
+    folder, _, updates = notified
+    (folder / "..v1").mkdir()
+    (folder / "..v1" / "sa.yaml").write_text(sa_yaml("v1"))
+    (folder / "..data").symlink_to("..v1")
+    (folder / "sa.yaml").symlink_to("..data/sa.yaml")
+    wait_for(updates, lambda s: names(s) == {"v1"})
+    (folder / "..v2").mkdir()
+    (folder / "..v2" / "sa.yaml").write_text(sa_yaml("v2"))
+    (folder / "..data_tmp").symlink_to("..v2")
+    (folder / "..data_tmp").replace(folder / "..data")
+    wait_for(updates, lambda s: names(s) == {"v2"})
+
+
+def test_a_watched_idle_folder_is_not_scanned(tmp_path):
+    store = ResourceStore()
+    watcher = FolderWatcher(tmp_path, store, interval=0.01)  # polling: ~50 scans below
+    scans: list[bool] = []  # each appended once its scan is over
+    real_scan = watcher.scan
+
+    def counted() -> bool:
+        changed = real_scan()
+        scans.append(changed)
+        return changed
+
+    watcher.scan = counted  # type: ignore[method-assign]
+    watcher.start()
+    try:
+        assert len(scans) == 1  # start's load
+        stop = threading.Event()
+        stop.wait(0.5)
+        assert len(scans) == 1
+        (tmp_path / "sa.yaml").write_text(sa_yaml("wake"))
+        deadline = time.monotonic() + DEADLINE
+        while len(scans) == 1 and time.monotonic() < deadline:
+            stop.wait(0.01)
+        assert len(scans) >= 2
+        assert names(store.snapshot()) == {"wake"}
+    finally:
+        watcher.stop()
+
+
+def test_without_inotify_the_folder_is_polled(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_mod.Inotify, "open", classmethod(lambda _cls: None))
+    store = ResourceStore()
+    updates: queue.Queue[Snapshot] = queue.Queue()
+    store.subscribe(updates.put)
+    watcher = FolderWatcher(tmp_path, store, interval=0.05)
+    watcher.start()
+    try:
+        (tmp_path / "sa.yaml").write_text(sa_yaml("polled"))
+        wait_for(updates, lambda s: names(s) == {"polled"})
+    finally:
+        watcher.stop()
+
+
+def test_stop_ends_a_thread_waiting_on_inotify(tmp_path):
+    watcher = FolderWatcher(tmp_path, ResourceStore(), interval=3600.0)
+    watcher.start()
+    thread = watcher._thread
+    assert thread is not None
+    assert thread.is_alive()
+    watcher.stop(timeout=2.0)  # the safety scan is 10 s away: only wake() ends the wait
+    assert not thread.is_alive()
 
 
 def test_folder_created_after_start_is_picked_up_and_missing_logged(tmp_path, caplog):

@@ -16,6 +16,8 @@ from agent.controlplane.manifests import (
     check_references,
     load_file,
     load_folder,
+    manifest_files,
+    manifest_folders,
     parse_text,
 )
 
@@ -244,6 +246,17 @@ def test_unreadable_file_is_one_error(tmp_path):
 
 
 # --- cross-document checks -------------------------------------------------------------
+
+
+def test_folders_are_those_whose_files_are_read(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / ".hidden" / "c").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    (tmp_path / "a" / "b" / "x.yaml").write_text(GOOD)
+    (tmp_path / ".hidden" / "c" / "x.yaml").write_text(GOOD)
+    assert manifest_folders(tmp_path) == [tmp_path, tmp_path / "a", tmp_path / "a" / "b"]
+    assert {p.parent for p in manifest_files(tmp_path)} <= set(manifest_folders(tmp_path))
+    assert manifest_folders(tmp_path / "missing") == []
 
 
 def test_service_without_selector_is_fine_when_endpoints_exist():
