@@ -17,7 +17,9 @@ Rules:
 3. A target whose stream fails before its first answer (NOT_FOUND,
    INVALID_ARGUMENT, control plane unreachable) gets `exists=False` within
    `UNANSWERED_CHECK_S` (`watch_unanswered`), so workers forward at once
-   instead of waiting out their timeout; a later answer replaces it.
+   instead of waiting out their timeout; a later answer replaces it. The check
+   runs only while a target waits for its first answer: an agent whose targets
+   are all answered does not wake for it.
 4. The client and the pool arrive through `attach` (`Supervisor.start`);
    until then no worker can ask, and `watch_unanswered` waits.
 """
@@ -62,6 +64,7 @@ class Targets:
         self.client: ControlPlaneClient | None = None
         self.pool: WorkerPool | None = None
         self.by_name: dict[str, Target] = {}
+        self._unanswered = asyncio.Event()  # set while a target may wait for its first answer
 
     def attach(self, *, client: ControlPlaneClient, pool: WorkerPool) -> None:
         """Hand over the streams' client and the pool pushes go to (rule 4)."""
@@ -87,15 +90,19 @@ class Targets:
         if plan.authority is not None:
             t.endpoints = self.client.watch_destination(plan.authority)
         self._refresh(target, t)
+        if t.pushed is None:
+            self._unanswered.set()
 
     async def watch_unanswered(self) -> None:
         """Rule 3: targets whose streams failed before any answer are not mesh services."""
         while True:
+            await self._unanswered.wait()
             await asyncio.sleep(UNANSWERED_CHECK_S)
             if self.client is None or self.pool is None:
                 continue
             waiting = {n: t for n, t in self.by_name.items() if t.pushed is None}
             if not waiting:
+                self._unanswered.clear()  # need() sets it again; no await since the check
                 continue
             failed = {
                 st.key
