@@ -33,6 +33,12 @@ Rules:
    even ones, so no side always runs warm or late. Base rows are the run's
    rows; each variant's go to the document's `variants` (agent.bench.report
    rule 9), paired with base's round by round.
+8. The setups that explain rather than judge (not in `QUICK_SETUPS`) run, when
+   the loads were not named (`--loads`), only the loads they explain
+   (`EXPLAIN_LOADS`): the saturation loads, where the floors and HAProxy's
+   L7 peers are compared (agent.bench.report rules 5 and 8) and where the
+   upgrade modes differ. That keeps the full run near 18 minutes; named loads
+   run on every named setup.
 """
 
 from __future__ import annotations
@@ -95,6 +101,15 @@ QUICK_SETUPS = (
     "meshagent-iptables-xnode",
     "meshagent-ebpf-xnode",
 )
+_SATURATION = ("http1-saturate", "h2-saturate")
+EXPLAIN_LOADS: Final = {  # rule 8
+    "python-floor": _SATURATION,
+    "python-floor-tls": _SATURATION,
+    "haproxy-tls-h1": _SATURATION,
+    "haproxy-tls-h2": _SATURATION,
+    "meshagent-ebpf-h2-xnode": _SATURATION,
+    "meshagent-ebpf-h1-xnode": _SATURATION,
+}
 
 
 BASE: Final = "base"  # rule 7: the agents as they are, with the bench's environment
@@ -147,6 +162,7 @@ class Options:
     repeat: int = 1  # `--repeat`: rounds of every setup's loads, medians reported (report rule 6)
     placement: str = "split"  # `--placement`: each node on its own CPUs, or shared (rule 6)
     variants: tuple[Variant, ...] = ()  # `--variant`: the agents A/B'd against base (rule 7)
+    loads_named: bool = False  # `--loads` given: every setup runs them all (rule 8)
 
     @classmethod
     def make(  # noqa: PLR0913 - one keyword per CLI option
@@ -207,7 +223,13 @@ class Options:
             repeat=repeat,
             placement=placement,
             variants=parsed,
+            loads_named=bool(loads_),
         )
+
+    def runs(self, setup: str, load: str) -> bool:
+        """Whether `setup` runs `load` in this run (rule 8; the setup may still not
+        apply it, e.g. HTTP/2 to an HTTP/1-only peer)."""
+        return self.loads_named or load in EXPLAIN_LOADS.get(setup, (load,))
 
 
 def _pick(text: str, known: tuple[str, ...], what: str, *, prefix: bool = False) -> tuple[str, ...]:
@@ -428,8 +450,7 @@ def _measure_setup(  # noqa: PLR0913 - the run's facts, then what it runs under
                 rows.append({"setup": name, "load": "*", "error": why})
                 return
             for load in opts.loads:
-                skip = _applicable(target, load)
-                if skip:
+                if not opts.runs(name, load) or _applicable(target, load):
                     continue
                 cpu = _Cpu()
                 cpu.start(target.proxy_pids())

@@ -12,6 +12,7 @@ from agent.bench import setups
 from agent.bench.harness import (
     ALL_LOADS,
     BASE,
+    EXPLAIN_LOADS,
     QUICK_MEMORY_PODS,
     QUICK_SETUPS,
     Options,
@@ -45,6 +46,19 @@ def test_load_prefix_picks_every_rate_and_memory_n_picks_one_count():
 def test_the_full_run_and_a_named_setup_run_beyond_quicks():
     assert Options.make(quick=False).setups == tuple(setups.SETUPS)
     assert Options.make(quick=True, setups_="python-floor-tls").setups == ("python-floor-tls",)
+
+
+def test_explaining_setups_run_only_saturation_unless_loads_are_named():
+    assert set(EXPLAIN_LOADS) == set(setups.SETUPS) - set(QUICK_SETUPS)
+    full = Options.make(quick=False)
+    assert full.runs("python-floor", "http1-saturate")
+    assert full.runs("meshagent-ebpf-h1-xnode", "h2-saturate")
+    assert not full.runs("python-floor", "http1-rate-1000")
+    assert not full.runs("haproxy-tls-h2", "conn-rate")
+    assert all(full.runs("meshagent-ebpf-xnode", load) for load in ALL_LOADS)  # judged: all
+    named = Options.make(quick=False, loads_="http1-rate-1000,conn-rate")
+    assert named.runs("python-floor", "http1-rate-1000")
+    assert named.runs("haproxy-tls-h2", "conn-rate")
 
 
 def test_setup_names_match_exactly():
