@@ -27,6 +27,10 @@ Rules:
    overwrites it.
 5. MESHAGENT_BPF_CACHE names the directory (default /var/cache/meshagent/bpf);
    "off" turns the cache off (`cache_dir_from_env`).
+6. Entries live in one directory per key. A hit or a store marks its key's
+   directory as used (its mtime); after each store only the `KEEP_KEYS` used
+   last stay (`prune`), so a node's cache holds a few versions' programs, not
+   every version it ever ran. An agent of a removed version compiles again.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -49,6 +54,7 @@ from agent.redirect.bpf_objects import BpfError
 ENV_CACHE = "MESHAGENT_BPF_CACHE"
 DEFAULT_CACHE_DIR = Path("/var/cache/meshagent/bpf")
 FORMAT = 1
+KEEP_KEYS = 3  # rule 6
 
 _INSN = 8  # bytes per instruction
 _LD_IMM64 = 0x18  # BPF_LD | BPF_IMM | BPF_DW: two instruction slots
@@ -293,8 +299,11 @@ def source_key(src_dir: Path, headers: Path | None) -> str:
     return cache_key(files, facts)
 
 
+_KEY_DIR_LEN = 32
+
+
 def entry_path(cache_dir: Path, key: str, program: str) -> Path:
-    return cache_dir / key[:32] / f"{program}.json"
+    return cache_dir / key[:_KEY_DIR_LEN] / f"{program}.json"
 
 
 def lookup(cache_dir: Path, key: str, program: str) -> Entry:
@@ -312,6 +321,8 @@ def lookup(cache_dir: Path, key: str, program: str) -> Entry:
         raise CacheMiss(str(exc)) from exc
     if entry.key != key or entry.program != program:
         raise CacheMiss(f"{path}: an entry for another key or program")
+    with contextlib.suppress(OSError):  # a read-only cache still serves hits
+        os.utime(path.parent)  # rule 6: used now
     return entry
 
 
@@ -342,7 +353,22 @@ def store(cache_dir: Path, entry: Entry) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    prune(cache_dir)
     return path
+
+
+def prune(cache_dir: Path, keep: int = KEEP_KEYS) -> list[Path]:
+    """Remove all but the `keep` key directories used last (rule 6); the removed ones."""
+    used: list[tuple[int, Path]] = []
+    for path in cache_dir.iterdir():
+        if len(path.name) == _KEY_DIR_LEN and path.name.isalnum() and path.is_dir():
+            with contextlib.suppress(OSError):  # gone meanwhile: another agent pruned it
+                used.append((path.stat().st_mtime_ns, path))
+    used.sort(reverse=True)
+    removed = [path for _, path in used[keep:]]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
 
 
 # --- the kernel -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ tests/integration/test_ebpf.py against real maps and programs.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -170,6 +171,32 @@ def test_lookup_misses_rather_than_fails(tmp_path, why):
         stored.rename(stored.with_name("connect4.json"))
     with pytest.raises(CacheMiss):
         ebpf_cache.lookup(tmp_path, key, "connect4")
+
+
+def _key(n: int) -> str:
+    return str(n) * 64  # a directory per key: they differ in the first 32 characters
+
+
+def _age(cache: Path, key: str, seconds_ago: int) -> None:
+    when = 1_700_000_000 - seconds_ago
+    os.utime(ebpf_cache.entry_path(cache, key, "connect4").parent, (when, when))
+
+
+def test_a_store_keeps_only_the_key_directories_used_last(tmp_path):
+    for n in (1, 2, 3):
+        ebpf_cache.store(tmp_path, _entry(key=_key(n)))
+        _age(tmp_path, _key(n), 100 - n)  # 3 used last, then 2, then 1
+    ebpf_cache.lookup(tmp_path, _key(1), "connect4")  # a hit: 1 is used now
+    (tmp_path / "notes").mkdir()  # not a key directory: never removed
+    ebpf_cache.store(tmp_path, _entry(key=_key(4)))  # 4 used now; 2 is the oldest
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == sorted([_key(1)[:32], _key(3)[:32], _key(4)[:32], "notes"])
+    with pytest.raises(CacheMiss):
+        ebpf_cache.lookup(tmp_path, _key(2), "connect4")
+    _age(tmp_path, _key(4), 0)
+    _age(tmp_path, _key(1), 1)
+    assert ebpf_cache.prune(tmp_path, keep=1) == [tmp_path / _key(1)[:32], tmp_path / _key(3)[:32]]
+    assert ebpf_cache.lookup(tmp_path, _key(4), "connect4") == _entry(key=_key(4))
 
 
 def test_cached_names_the_programs_with_a_usable_entry(tmp_path):
