@@ -36,7 +36,10 @@ import contextlib
 import logging
 import socket
 import struct
-from typing import Final, cast
+from typing import TYPE_CHECKING, Final, cast
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -255,40 +258,35 @@ class Relay:
             self._last_total, self._last_change = total, now
         if now - self._last_change >= self._idle_timeout:
             self._idle_handle = None
-            self._end("idle", abort=True)
+            self._end("idle", _abort)
             return
         self._idle_handle = self._loop.call_later(self._tick(), self._check_idle)
 
     def close(self) -> None:
         """End normally: flush what is buffered, then close both sides."""
-        self._end("eof", abort=False)
+        self._end("eof", _close)
 
     def abort(self) -> None:
         """End now: drop buffers, reset both sides."""
-        self._end("aborted", abort=True)
+        self._end("aborted", _abort)
 
-    def _end(self, reason: str, *, abort: bool, reset: bool = False) -> None:
+    def _end(self, reason: str, end: Callable[[asyncio.Transport], None]) -> None:
+        """End each side still there with `end`: `_close`, `_abort` or `_reset`."""
         if not self.reason:
             self.reason = reason
         for side in (self.downstream, self.upstream):
             tr = side.transport
-            if tr is None or side.lost:
-                continue
-            if reset:
-                _reset(tr)
-            elif abort:
-                tr.abort()
-            elif not tr.is_closing():
-                tr.close()
+            if tr is not None and not side.lost:
+                end(tr)
         self._maybe_done()
 
     def side_lost(self, side: _Side, exc: Exception | None) -> None:
         """A side's connection is gone: end the other as it ended (rule 9)."""
         if exc is None:
-            self._end("lost", abort=False)
+            self._end("lost", _close)
             return
         logger.debug("relay side lost", extra={"side": side.name, "error": exc})
-        self._end("reset", abort=False, reset=True)
+        self._end("reset", _reset)
 
     def _maybe_done(self) -> None:
         if self.done.done():
@@ -310,6 +308,17 @@ class Relay:
             s.transport.get_write_buffer_size() if s.transport and not s.lost else 0
             for s in (self.downstream, self.upstream)
         )
+
+
+def _close(tr: asyncio.Transport) -> None:
+    """Close `tr` once its buffer is written (a TLS one with close_notify)."""
+    if not tr.is_closing():
+        tr.close()
+
+
+def _abort(tr: asyncio.Transport) -> None:
+    """Close `tr` now, its buffer dropped."""
+    tr.abort()
 
 
 def _reset(tr: asyncio.Transport) -> None:
