@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import shutil
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from agent.controlplane import kinds_core as k8s
 from agent.controlplane import store as store_mod
 from agent.controlplane.store import FolderWatcher, ResourceStore, Snapshot
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DEADLINE = 1.0  # seconds: the promise made to users
@@ -26,15 +31,26 @@ def sa_yaml(*names: str) -> str:
     )
 
 
-@pytest.fixture
-def watched(tmp_path):
+@contextlib.contextmanager
+def watching(
+    folder: Path, interval: float
+) -> Iterator[tuple[FolderWatcher, ResourceStore, queue.Queue[Snapshot]]]:
+    """A started watcher of `folder`, its store, and every snapshot the store made."""
     store = ResourceStore()
     updates: queue.Queue[Snapshot] = queue.Queue()
     store.subscribe(updates.put)
-    watcher = FolderWatcher(tmp_path, store, interval=0.1)
+    watcher = FolderWatcher(folder, store, interval=interval)
     watcher.start()
-    yield tmp_path, store, updates
-    watcher.stop()
+    try:
+        yield watcher, store, updates
+    finally:
+        watcher.stop()
+
+
+@pytest.fixture
+def watched(tmp_path):
+    with watching(tmp_path, 0.1) as (_, store, updates):
+        yield tmp_path, store, updates
 
 
 def wait_for(updates: queue.Queue[Snapshot], predicate) -> Snapshot:
@@ -153,13 +169,8 @@ async def test_changes_follow_the_folder_on_the_loop(tmp_path):
 @pytest.fixture
 def notified(tmp_path):
     """A watcher whose poll would take an hour: whatever it sees, inotify told it."""
-    store = ResourceStore()
-    updates: queue.Queue[Snapshot] = queue.Queue()
-    store.subscribe(updates.put)
-    watcher = FolderWatcher(tmp_path, store, interval=3600.0)
-    watcher.start()
-    yield tmp_path, watcher, updates
-    watcher.stop()
+    with watching(tmp_path, 3600.0) as (watcher, _, updates):
+        yield tmp_path, watcher, updates
 
 
 def test_inotify_sees_files_and_new_subfolders_without_polling(notified):
@@ -223,16 +234,9 @@ def test_a_watched_idle_folder_is_not_scanned(tmp_path):
 
 def test_without_inotify_the_folder_is_polled(tmp_path, monkeypatch):
     monkeypatch.setattr(store_mod.Inotify, "open", classmethod(lambda _cls: None))
-    store = ResourceStore()
-    updates: queue.Queue[Snapshot] = queue.Queue()
-    store.subscribe(updates.put)
-    watcher = FolderWatcher(tmp_path, store, interval=0.05)
-    watcher.start()
-    try:
+    with watching(tmp_path, 0.05) as (_, _, updates):
         (tmp_path / "sa.yaml").write_text(sa_yaml("polled"))
         wait_for(updates, lambda s: names(s) == {"polled"})
-    finally:
-        watcher.stop()
 
 
 def test_stop_ends_a_thread_waiting_on_inotify(tmp_path):
