@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
@@ -19,6 +18,7 @@ from agent.admin.aggregate import Exposition
 from agent.admin.controls import ReadinessGate
 from agent.admin.metrics import PodMeta, Tls, WorkerMetrics
 from agent.admin.server import AdminServer
+from agent.bench.mesh import free_port
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 WEB = PodMeta(namespace="shop", pod="web-1", owner_kind="deployment", owner_name="web")
@@ -26,12 +26,6 @@ SUCCESS_RATE = (
     'sum(rate(response_total{classification="success"}[30s])) / sum(rate(response_total[30s]))'
 )
 P50 = "histogram_quantile(0.5, sum(rate(response_latency_ms_bucket[30s])) by (le))"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,11 +19,16 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from agent import native
+from agent.bench.mesh import free_port
 from agent.pods import discover
+
+if TYPE_CHECKING:
+    import socket
 
 pytestmark = pytest.mark.privileged
 
@@ -68,12 +72,6 @@ spec:
   selector: {{app: {name}}}
   ports: [{{name: http, port: 80, targetPort: http}}]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:

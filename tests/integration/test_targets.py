@@ -9,9 +9,9 @@ its wake-ups is a sleep, counted).
 from __future__ import annotations
 
 import asyncio
-import socket
 
 from agent import aio
+from agent.bench.mesh import free_port
 from agent.control.cache import StateCache
 from agent.control.client import Backoff, ContextToken, ControlPlaneClient
 from agent.proxy import channel as ch
@@ -48,16 +48,10 @@ class _CountedSleeps:
         await asyncio.sleep(delay)
 
 
-def _dead_addr() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"  # closed again: connections are refused
-
-
 async def test_unanswered_target_gets_exists_false_and_the_check_then_sleeps(monkeypatch) -> None:
     counted = _CountedSleeps()
     monkeypatch.setattr(targets_mod, "asyncio", counted)
-    dead = _dead_addr()
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there: connections are refused
     client = ControlPlaneClient(
         destination=dead,
         identity=dead,
