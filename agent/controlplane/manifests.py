@@ -73,15 +73,27 @@ def load_file(path: str | Path) -> Loaded:
 
 
 def manifest_files(directory: str | Path) -> list[Path]:
-    """*.yaml, *.yml and *.json files under `directory`, recursively, sorted; dot-names skipped."""
-    root = Path(directory)
-    found = [
-        p
-        for p in root.rglob("*")
-        if p.suffix in MANIFEST_SUFFIXES
-        and p.is_file()
-        and not any(part.startswith(".") for part in p.relative_to(root).parts)
-    ]
+    """*.yaml, *.yml and *.json files in `manifest_folders(directory)`, sorted; dot-names
+    skipped.
+
+    Raises:
+        OSError: `directory` itself cannot be listed (a subfolder that cannot is skipped,
+            as the walk skips it).
+    """
+    folders = manifest_folders(directory)
+    found: list[Path] = []
+    for folder in folders:
+        try:
+            entries = list(folder.iterdir())
+        except OSError:
+            if folder == folders[0]:
+                raise
+            continue
+        found += (
+            p
+            for p in entries
+            if p.suffix in MANIFEST_SUFFIXES and not p.name.startswith(".") and p.is_file()
+        )
     return sorted(found)
 
 

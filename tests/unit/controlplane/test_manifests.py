@@ -254,9 +254,14 @@ def test_folders_are_those_whose_files_are_read(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "a")
     (tmp_path / "a" / "b" / "x.yaml").write_text(GOOD)
     (tmp_path / ".hidden" / "c" / "x.yaml").write_text(GOOD)
+    (tmp_path / ".dot.yaml").write_text(GOOD)
+    (tmp_path / "a" / "notes.txt").write_text("not a manifest")
+    (tmp_path / "l.yaml").symlink_to(tmp_path / "a" / "b" / "x.yaml")  # a ConfigMap's kind
+    (tmp_path / "gone.yaml").symlink_to(tmp_path / "nowhere.yaml")
     assert manifest_folders(tmp_path) == [tmp_path, tmp_path / "a", tmp_path / "a" / "b"]
-    assert {p.parent for p in manifest_files(tmp_path)} <= set(manifest_folders(tmp_path))
+    assert manifest_files(tmp_path) == [tmp_path / "a" / "b" / "x.yaml", tmp_path / "l.yaml"]
     assert manifest_folders(tmp_path / "missing") == []
+    assert manifest_files(tmp_path / "missing") == []
 
 
 def test_service_without_selector_is_fine_when_endpoints_exist():
