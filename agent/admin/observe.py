@@ -30,8 +30,10 @@ Rules:
 5. Reports: a `Metrics` snapshot every `REPORT_S` and at drain. Tap: only
    while the supervisor's `("tap",)` state names the pod (or "*"), responses
    become events in a bounded ring (`agent.admin.tapping`; the oldest are
-   dropped and counted), flushed as `TapEvents` every `TAP_FLUSH_S`; traffic
-   never waits.
+   dropped and counted), flushed as `TapEvents` `TAP_FLUSH_S` after the first
+   event entered an empty ring, and with each report; traffic never waits. An idle
+   worker wakes once per `REPORT_S` for the reports (and per the loop-lag probe's
+   interval), not to look for tap events.
 6. The taps are read from the worker's state (`WorkerState`, agent.proxy.wstate)
    only when its `generation` moved (`taps_now`), for bound and unbound calls alike:
    when the state was interpreted, each h2 response called `WorkerState.get` (found
@@ -172,6 +174,7 @@ class Observer(Tapping):
         # (`generation`; rule 6).
         self._taps: Any = None
         self._taps_gen = -1
+        self._loop: asyncio.AbstractEventLoop | None = None  # run()'s: it times tap flushes
 
     # --- Recorder -----------------------------------------------------------------
 
@@ -360,23 +363,30 @@ class Observer(Tapping):
         if msg is not None:
             self.worker.send(msg)
 
+    def _tap_waiting(self) -> None:
+        loop = self._loop
+        if loop is not None:  # rule 5: the ring was empty, so no flush is pending
+            loop.call_later(TAP_FLUSH_S, self._flush_tap_due)
+
+    def _flush_tap_due(self) -> None:
+        try:
+            self.flush_tap()
+        except Exception:
+            logger.exception("BUG: tap flush failed")
+
     async def run(self) -> None:
-        """Forever: tap flushes every `TAP_FLUSH_S`, reports every `REPORT_S`."""
+        """Forever: a report every `REPORT_S`; tap events are flushed when they come."""
         lag = aio.spawn(measure_loop_lag(self.m.set_loop_lag), name="loop-lag")
-        loop = asyncio.get_running_loop()
-        next_report = loop.time() + REPORT_S
+        self._loop = asyncio.get_running_loop()
         try:
             while True:
-                await asyncio.sleep(TAP_FLUSH_S)
+                await asyncio.sleep(REPORT_S)
                 try:
-                    if loop.time() >= next_report:
-                        next_report = loop.time() + REPORT_S
-                        self.report()
-                    else:
-                        self.flush_tap()
+                    self.report()
                 except Exception:
                     logger.exception("BUG: metrics report failed")
         finally:
+            self._loop = None
             lag.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await lag

@@ -3,7 +3,8 @@
 `Tapping` sits between `agent.admin.labelsets.LabelSets` (whose pods and
 endpoints an event names) and `agent.admin.observe.Observer`, which calls
 `_tap` for a response only while the supervisor's `("tap",)` state is
-non-empty, and sends `take_tap()` to the supervisor every `TAP_FLUSH_S`.
+non-empty, and sends `take_tap()` to the supervisor `TAP_FLUSH_S` after the first
+event entered an empty ring (`_tap_waiting`), and with every report.
 
 Rules:
 1. Only a response of a tapped pod becomes an event: the `("tap",)` state
@@ -73,6 +74,7 @@ class Tapping(LabelSets):
             pod_key=pod_key,
         )
         ring = self.tap_ring
+        first = not ring
         for key in wanted:
             if len(ring) == ring.maxlen:
                 self.tap_dropped += 1
@@ -80,6 +82,12 @@ class Tapping(LabelSets):
                 ring.append(event)
             else:  # the same request seen from the called pod's side (rule 1)
                 ring.append({**event, "pod": key, "direction": "inbound", "from_pod": pod_key})
+        if first:
+            self._tap_waiting()
+
+    def _tap_waiting(self) -> None:
+        """The first event entered an empty ring: the observer times its flush (here the
+        events wait for `take_tap`)."""
 
     def _event(  # noqa: PLR0913 - the facts of one response
         self,

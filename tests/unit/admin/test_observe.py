@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import pytest
 
-from agent.admin.observe import Observer
+from agent import aio
+from agent.admin.observe import REPORT_S, Observer
 from agent.admin.tapping import TAP
 from agent.proxy import channel as ch
 from agent.proxy import record
@@ -191,3 +194,41 @@ def test_a_bound_handle_sees_a_tap_start_and_stop_while_its_connection_is_open(
     bound.exchange(202, 0.001, False)
     assert observer.take_tap() is None
     assert list(_family(observer, "request_total").values()) == [3]
+
+
+async def test_a_tap_event_is_sent_soon_after_it_came_and_not_with_the_next_report(
+    observer: Observer, conn: Any
+) -> None:
+    # The worker's channel to a supervisor end, over a real socketpair.
+    sup_sock, worker_sock = ch.pair()
+    got: list[ch.Message] = []
+    arrived = asyncio.Event()
+
+    def on_message(msg: ch.Message) -> None:
+        got.append(msg)
+        arrived.set()
+
+    sup = ch.Channel(sup_sock, on_message=on_message, on_closed=arrived.set, name="sup")
+    sup.start()
+    observer.worker._channel = ch.Channel(  # what Worker.run sets up
+        worker_sock, on_message=lambda _: None, on_closed=lambda: None, name="worker"
+    )
+    conn.peer = ("10.0.0.9", 5555)
+    observer.worker.state.apply(ch.StateUpdate(key=(TAP,), value=frozenset({POD_KEY})))
+    run = aio.spawn(observer.run(), name="metrics-report")
+    try:
+        await asyncio.sleep(0)  # run() has started: it times the flushes
+        observer.bind_http("inbound", dict(LABELS)).exchange(200, 0.001, False)
+        async with asyncio.timeout(5 * REPORT_S):
+            while not got:
+                arrived.clear()
+                await arrived.wait()
+        # The event came on its own timer: before the first report's metrics.
+        assert [type(m) for m in got] == [ch.TapEvents]
+        assert [e["status"] for e in got[0].events] == [200]  # type: ignore[union-attr]
+    finally:
+        run.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+        observer.worker._channel.close()
+        sup.close()
