@@ -80,13 +80,13 @@ def manifest_files(directory: str | Path) -> list[Path]:
         OSError: `directory` itself cannot be listed (a subfolder that cannot is skipped,
             as the walk skips it).
     """
-    folders = manifest_folders(directory)
+    root = Path(directory)
     found: list[Path] = []
-    for folder in folders:
+    for folder in manifest_folders(root):
         try:
             entries = list(folder.iterdir())
         except OSError:
-            if folder == folders[0]:
+            if folder == root:
                 raise
             continue
         found += (
