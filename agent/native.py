@@ -41,7 +41,10 @@ Rules:
 8. What the request path still runs interpreted is counted, not guessed:
    `meshagent bench --interp` counts every interpreted call of the workers per
    request; on the compiled path every setup's count is 0 (bench/RESULTS.md,
-   nineteenth pass).
+   nineteenth pass). A module the request path calls into is compiled with it,
+   even when it is called per batch rather than per request: the io_uring send
+   (agent.proxy.uring), interpreted, was 0.22 calls and a fifth of a saturated
+   cross-node worker's instructions (thirty-fifth pass).
 9. A type check takes a tuple, `isinstance(x, (A, B))`, never a union `A | B`: compiled
    code, like the interpreter, builds the `types.UnionType` at each call and checks it
    slowly, where a tuple of native classes is checked inline (6% of a cross-node
@@ -118,6 +121,7 @@ MODULES = (
     ("proxy", "record"),
     ("proxy", "tlsio"),
     ("proxy", "upstream"),
+    ("proxy", "uring"),
     ("proxy", "writes"),
     ("proxy", "wstate"),
     ("admin", "labelsets"),

@@ -24,10 +24,18 @@ Rules:
    in order, but a short one would not stop the next to the same socket.
 4. The data is held until the call returns: the kernel reads it during
    `io_uring_enter`, not later. A bytes object's data is sent where it lies
-   (its address from `id`, CPython's layout, checked at import); anything else
-   is copied to bytes first.
+   (its address from `id`, CPython's layout, checked at import), held by the
+   caller's list; anything else is copied to bytes first and held here.
 5. The ring's memory is the kernel's (`mmap` of the ring fd); one ring per
-   event loop (agent.proxy.writes), its fd closed when the ring goes.
+   event loop (agent.proxy.writes), its fd closed by `close` or when the ring
+   goes (`__del__`).
+6. The call's own cost stays small (compiled, agent.native; bench/RESULTS.md,
+   thirty-fifth pass): SQE `i` keeps opcode, flags and `user_data = i` from
+   the ring's opening (the kernel only reads SQEs), so a send writes three
+   64-bit words (fd, address, length) in one `pack_into`; the ring's head and
+   tail counts are ours, kept as ints; `io_uring_enter` goes through the
+   untyped `syscall` with `c_long` arguments made once (a prototype's argument
+   conversion cost more than the call's kernel side).
 """
 
 from __future__ import annotations
@@ -38,8 +46,7 @@ import errno
 import mmap
 import os
 import struct
-import weakref
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import uvloop.loop
 
@@ -66,32 +73,30 @@ _FEAT_SINGLE_MMAP: Final = 1
 _OFF_CQ_RING: Final = 0x8000000
 _OFF_SQES: Final = 0x10000000
 _MSG_FLAGS: Final = 0x40 | 0x4000  # MSG_DONTWAIT | MSG_NOSIGNAL (rule 2)
-# struct io_uring_sqe (64 bytes) up to user_data: opcode, flags, ioprio, fd, off, addr, len,
-# msg_flags, user_data; the rest stays zero as mapped
-_SQE: Final = struct.Struct("=BBHiQQIIQ")
+# struct io_uring_sqe, 64 bytes = 8 words: word 0 = opcode, flags, ioprio (16 bits), fd
+# (32 bits, high half); word 1 = off; word 2 = addr; word 3 = len, msg_flags (high half);
+# word 4 = user_data; the rest stays zero as mapped (rule 6)
+_SQE_WORDS: Final = 8
 _SQE_SIZE: Final = 64
-_CQE: Final = struct.Struct("=QiI")  # struct io_uring_cqe, 16 bytes
-_U32: Final = struct.Struct("=I")
+_SEND_WORDS: Final[Any] = struct.Struct("=Q8xQQ")  # words 0, 2 and 3 (rule 6)
+_LEN_FLAGS: Final = _MSG_FLAGS << 32
+_CQE_INTS: Final = 4  # struct io_uring_cqe: user_data (two 32-bit words), res, flags
 _PARAMS: Final = 120  # sizeof(struct io_uring_params)
 
-# glibc's syscall(), through prototypes of our own: it takes its integer arguments in
-# registers either way on x86-64 and arm64 Linux. ctypes, not cffi: cffi's declarations
-# import its C parser, 4 MB more in each worker.
-_libc: Final = ctypes.CDLL(None, use_errno=True)
-_setup: Final = ctypes.CFUNCTYPE(
+# glibc's syscall(). io_uring_setup takes our prototype (once per ring); io_uring_enter
+# goes through the untyped function with `c_long` arguments (rule 6): it takes its
+# integer arguments in registers either way on x86-64 and arm64 Linux. ctypes, not
+# cffi: cffi's declarations import its C parser, 4 MB more in each worker.
+_libc: Final[Any] = ctypes.CDLL(None, use_errno=True)
+_setup: Final[Any] = ctypes.CFUNCTYPE(
     ctypes.c_long, ctypes.c_long, ctypes.c_uint, ctypes.c_void_p, use_errno=True
 )(("syscall", _libc))
-_enter: Final = ctypes.CFUNCTYPE(
-    ctypes.c_long,
-    ctypes.c_long,
-    ctypes.c_int,
-    ctypes.c_uint,
-    ctypes.c_uint,
-    ctypes.c_uint,
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    use_errno=True,
-)(("syscall", _libc))
+_enter: Final[Any] = _libc["syscall"]  # a function object of our own, not the CDLL's cached one
+_enter.restype = ctypes.c_long
+_ENTER_NR: Final[Any] = ctypes.c_long(_NR_ENTER)
+_ENTER_FLAGS: Final[Any] = ctypes.c_long(_ENTER_GETEVENTS)
+_ZERO: Final[Any] = ctypes.c_long(0)
+_COUNTS: Final[tuple[Any, ...]] = tuple(ctypes.c_long(n) for n in range(ENTRIES + 1))
 
 
 def _bytes_data_offset() -> int:
@@ -118,58 +123,68 @@ def switch(on: bool) -> None:
 class SendRing:
     """One io_uring instance used for batches of non-blocking sends."""
 
-    __slots__ = (
-        "__weakref__",
-        "_closer",
-        "_cq",
-        "_cq_head",
-        "_cq_mask",
-        "_cq_tail",
-        "_cq_words",
-        "_cqes",
-        "_fd",
-        "_sq",
-        "_sq_mask",
-        "_sq_tail",
-        "_sqes",
-    )
-
     def __init__(self, entries: int = ENTRIES) -> None:
+        self._closed = True  # until there is an fd to close
         params = ctypes.create_string_buffer(_PARAMS)
         fd = _setup(_NR_SETUP, entries, params)
         if fd < 0:
             code = ctypes.get_errno()
             raise OSError(code, os.strerror(code))
-        self._fd = fd
-        self._closer = weakref.finalize(self, os.close, self._fd)  # rule 5
-        self._map(params.raw)
+        self._fd: int = fd
+        self._fd_arg: Any = ctypes.c_long(fd)
+        self._closed = False
+        self.calls = 0  # io_uring_enter calls made with sends, and the sends they carried
+        self.sends = 0
+        try:
+            self._map(params.raw)
+        except BaseException:
+            self.close()
+            raise
 
     def _map(self, params: bytes) -> None:
-        sq_entries, cq_entries, _, _, _, features = struct.unpack_from("=6I", params, 0)
-        # io_sqring_offsets / io_cqring_offsets: eight u32 and a u64 each
-        _, sq_tail, sq_mask, _, _, _, sq_array, _, _ = struct.unpack_from("=8IQ", params, 40)
-        cq_head, cq_tail, cq_mask, _, _, cqes, _, _, _ = struct.unpack_from("=8IQ", params, 80)
+        # struct io_uring_params as 32-bit words: sq_entries, cq_entries, ..., features (5);
+        # io_sqring_offsets from word 10 (head, tail, ring_mask, .., array = 16) and
+        # io_cqring_offsets from word 20 (head, tail, ring_mask, .., cqes = 25)
+        words = memoryview(params).cast("I")
+        sq_entries, cq_entries, features = words[0], words[1], words[5]
+        sq_tail, sq_mask, sq_array = words[11], words[12], words[16]
+        cq_head, cq_tail, cq_mask, cqes = words[20], words[21], words[22], words[25]
+        words.release()
         sq_size = sq_array + sq_entries * 4
-        cq_size = cqes + cq_entries * _CQE.size
+        cq_size = cqes + cq_entries * _CQE_INTS * 4
         rw = mmap.PROT_READ | mmap.PROT_WRITE
+        self._maps: list[mmap.mmap] = []
         if features & _FEAT_SINGLE_MMAP:
-            self._sq = self._cq = mmap.mmap(self._fd, max(sq_size, cq_size), mmap.MAP_SHARED, rw)
+            sq = cq = mmap.mmap(self._fd, max(sq_size, cq_size), mmap.MAP_SHARED, rw)
+            self._maps.append(sq)
         else:
-            self._sq = mmap.mmap(self._fd, sq_size, mmap.MAP_SHARED, rw)
-            self._cq = mmap.mmap(self._fd, cq_size, mmap.MAP_SHARED, rw, offset=_OFF_CQ_RING)
-        self._sqes = mmap.mmap(
-            self._fd, sq_entries * _SQE_SIZE, mmap.MAP_SHARED, rw, offset=_OFF_SQES
+            sq = mmap.mmap(self._fd, sq_size, mmap.MAP_SHARED, rw)
+            self._maps.append(sq)
+            cq = mmap.mmap(self._fd, cq_size, mmap.MAP_SHARED, rw, offset=_OFF_CQ_RING)
+            self._maps.append(cq)
+        sqes = mmap.mmap(
+            self._fd, sq_entries * _SQE_WORDS * 8, mmap.MAP_SHARED, rw, offset=_OFF_SQES
         )
-        self._sq_tail = sq_tail
-        self._sq_mask = _U32.unpack_from(self._sq, sq_mask)[0]
-        self._cq_head = cq_head
-        self._cq_tail = cq_tail
-        self._cq_mask = _U32.unpack_from(self._cq, cq_mask)[0]
-        self._cqes = cqes
-        # the CQEs as 32-bit words (`send` reads user_data's low word and res)
-        self._cq_words = memoryview(self._cq)[cqes : cqes + cq_entries * _CQE.size].cast("i")
-        for i in range(sq_entries):  # slot i always names SQE i
-            _U32.pack_into(self._sq, sq_array + 4 * i, i)
+        self._maps.append(sqes)
+        self._sqes = sqes
+        # the rings as 32-bit words (head, tail, mask, array, CQEs) and the SQEs as 64-bit
+        # ones; released before the maps close
+        self._sq_ints = memoryview(sq).cast("I")
+        self._cq_ints = memoryview(cq).cast("i")
+        self._sqe_words = memoryview(sqes).cast("Q")
+        self._sq_tail_at: int = sq_tail // 4
+        self._cq_head_at: int = cq_head // 4
+        self._cq_tail_at: int = cq_tail // 4
+        self._cqes_at: int = cqes // 4
+        self._sq_mask: int = self._sq_ints[sq_mask // 4]
+        self._cq_mask: int = self._cq_ints[cq_mask // 4]
+        self._tail: int = self._sq_ints[self._sq_tail_at]  # rule 6: ours to count
+        self._head: int = self._cq_ints[self._cq_head_at] & 0xFFFFFFFF
+        op = _OP_SEND  # flags and ioprio 0, fd written per send
+        for i in range(sq_entries):  # slot i always names SQE i, whose user_data is i
+            self._sq_ints[sq_array // 4 + i] = i
+            self._sqe_words[i * _SQE_WORDS] = op
+            self._sqe_words[i * _SQE_WORDS + 4] = i
 
     @classmethod
     def open(cls) -> SendRing | None:
@@ -184,11 +199,20 @@ class SendRing:
             raise
 
     def close(self) -> None:
-        """Unmap the rings and close the fd now (otherwise when the ring goes)."""
-        self._cq_words.release()
-        for m in {id(x): x for x in (self._sqes, self._sq, self._cq)}.values():
+        """Unmap the rings and close the fd now (otherwise when the ring goes, rule 5)."""
+        if self._closed:
+            return
+        self._closed = True
+        for name in ("_sq_ints", "_cq_ints", "_sqe_words"):
+            view = getattr(self, name, None)
+            if view is not None:
+                view.release()
+        for m in getattr(self, "_maps", []):
             m.close()
-        self._closer()
+        os.close(self._fd)
+
+    def __del__(self) -> None:
+        self.close()
 
     def send(self, items: Sequence[tuple[int, bytes | memoryview]]) -> list[int]:
         """Send each `(fd, data)` without blocking; each one's bytes sent or -errno (rule 2)."""
@@ -201,29 +225,44 @@ class SendRing:
 
     def _send(self, items: Sequence[tuple[int, bytes | memoryview]]) -> list[int]:
         n = len(items)
-        sq, sqes, mask = self._sq, self._sqes, self._sq_mask
-        tail = _U32.unpack_from(sq, self._sq_tail)[0]
-        held = []  # rule 4: what the kernel reads stays alive until the call returns
-        pack = _SQE.pack_into
+        sqes = self._sqes
+        pack = _SEND_WORDS.pack_into
+        mask = self._sq_mask
+        first = self._tail
+        copies: list[bytes] = []  # rule 4: views copied, used again after the call
         for i, (fd, data) in enumerate(items):
-            whole = data if type(data) is bytes else bytes(data)  # views are rare: copied
-            held.append(whole)
-            addr, size = id(whole) + _BYTES_DATA, len(whole)
-            pack(sqes, ((tail + i) & mask) << 6, _OP_SEND, 0, 0, fd, 0, addr, size, _MSG_FLAGS, i)
-        _U32.pack_into(sq, self._sq_tail, (tail + n) & 0xFFFFFFFF)
-        submit = n
-        while _enter(_NR_ENTER, self._fd, submit, n, _ENTER_GETEVENTS, None, 0) < 0:
+            if type(data) is bytes:
+                whole = data
+            else:
+                whole = bytes(data)
+                copies.append(whole)
+            at = ((first + i) & mask) * _SQE_SIZE
+            pack(sqes, at, _OP_SEND | (fd << 32), id(whole) + _BYTES_DATA, len(whole) | _LEN_FLAGS)
+        tail = (first + n) & 0xFFFFFFFF
+        self._tail = tail
+        self.calls += 1
+        self.sends += n
+        self._sq_ints[self._sq_tail_at] = tail
+        count = _COUNTS[n]
+        submit = count
+        while _enter(_ENTER_NR, self._fd_arg, submit, count, _ENTER_FLAGS, _ZERO, _ZERO) < 0:
             code = ctypes.get_errno()
             if code != errno.EINTR:
                 raise OSError(code, os.strerror(code))
-            submit = 0  # submitted; wait for the completions again
+            submit = _ZERO  # submitted; wait for the completions again
         results = [-errno.EIO] * n
-        cq, words, cmask = self._cq, self._cq_words, self._cq_mask
-        head = _U32.unpack_from(cq, self._cq_head)[0]
-        end = _U32.unpack_from(cq, self._cq_tail)[0]
+        cq = self._cq_ints
+        cmask = self._cq_mask
+        cqes = self._cqes_at
+        head = self._head
+        end = cq[self._cq_tail_at] & 0xFFFFFFFF
         while head != end:
-            at = (head & cmask) << 2  # a CQE is four 32-bit words: user_data (2), res, flags
-            results[words[at]] = words[at + 2]
+            at = cqes + (head & cmask) * _CQE_INTS
+            results[(cq[at] - first) & mask] = cq[at + 2]
             head = (head + 1) & 0xFFFFFFFF
-        _U32.pack_into(cq, self._cq_head, head)
+        self._head = head
+        cq[self._cq_head_at] = head if head < 0x80000000 else head - 0x100000000
+        # rule 4: a use after the call, so that compiled code (which frees a local after
+        # its last use) keeps the copies alive through it
+        copies.clear()
         return results

@@ -10,15 +10,14 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
-import pytest
-
 from agent import aio
 from agent.proxy import uring, writes
-from agent.proxy.uring import SendRing
 from tests.integration.test_uring import tcp_pairs
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Iterator
+
+    import pytest
 
     from tests.integration.conftest import Run
 
@@ -203,28 +202,6 @@ def test_each_loop_has_one_batch_which_goes_with_it() -> None:
     assert len(writes._BATCHES) == before - 1
 
 
-class _SpyRing(SendRing):
-    """A real ring that remembers the sockets of each call."""
-
-    __slots__ = ("calls",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[list[int]] = []
-
-    def send(self, items: Sequence[tuple[int, bytes | memoryview]]) -> list[int]:
-        self.calls.append([fd for fd, _ in items])
-        return super().send(items)
-
-
-@pytest.fixture
-def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[_SpyRing]:
-    ring = _SpyRing()
-    monkeypatch.setattr(writes.SendRing, "open", classmethod(lambda _cls: ring))
-    yield ring
-    ring.close()
-
-
 def _read_all(sock: socket.socket, size: int) -> bytes:
     sock.settimeout(10)
     got = bytearray()
@@ -234,7 +211,7 @@ def _read_all(sock: socket.socket, size: int) -> bytes:
 
 
 def test_a_flush_of_many_writes_goes_in_one_ring_call_and_each_connection_keeps_its_order(
-    run: Run, spy: _SpyRing
+    run: Run,
 ) -> None:
     """Rule 6: each transport's first held write goes to the ring, its later ones after;
     fewer than MIN_SENDS transports are written one by one."""
@@ -248,14 +225,16 @@ def test_a_flush_of_many_writes_goes_in_one_ring_call_and_each_connection_keeps_
             for i, tr in enumerate(trs):
                 batch.hold(tr, memoryview(b"to %d" % i) if i % 2 else b"to %d" % i)
             await asyncio.sleep(0)
-            assert spy.calls == [[ours.fileno() for ours, _ in pairs]]
+            ring = batch.ring  # opened by this flush: a new loop has a new batch
+            assert ring is not None
+            assert (ring.calls, ring.sends) == (1, n)
             assert _read_all(pairs[0][1], 10) == b"first to 0"
             for i, (_, theirs) in enumerate(pairs[1:], 1):
                 assert _read_all(theirs, 4) == b"to %d" % i
             for tr in trs[: n - 1]:
                 batch.hold(tr, b"few")
             await asyncio.sleep(0)
-            assert len(spy.calls) == 1  # one by one
+            assert (ring.calls, ring.sends) == (1, n)  # one by one
             assert [_read_all(theirs, 3) for _, theirs in pairs[: n - 1]] == [b"few"] * (n - 1)
             for tr in trs:
                 tr.close()
@@ -263,9 +242,7 @@ def test_a_flush_of_many_writes_goes_in_one_ring_call_and_each_connection_keeps_
     run(body)
 
 
-def test_what_the_ring_did_not_take_its_transport_writes_before_anything_later(
-    run: Run, spy: _SpyRing
-) -> None:
+def test_what_the_ring_did_not_take_its_transport_writes_before_anything_later(run: Run) -> None:
     """A short send leaves the rest to the transport; a transport with bytes queued is
     not given to the ring, so its later writes stay behind them."""
     big = os.urandom(1 << 20)
@@ -281,13 +258,15 @@ def test_what_the_ring_did_not_take_its_transport_writes_before_anything_later(
             for tr in trs[: n - 1]:
                 batch.hold(tr, b"1")
             await asyncio.sleep(0)
-            assert spy.calls == [[x.fileno()] + [ours.fileno() for ours, _ in others[: n - 1]]]
+            ring = batch.ring
+            assert ring is not None
+            assert (ring.calls, ring.sends) == (1, n)  # x and n - 1 others
             assert tx.get_write_buffer_size() > 0  # the rest, queued in the transport
             batch.hold(tx, b"tail")
             for tr in trs:
                 batch.hold(tr, b"2")
             await asyncio.sleep(0)
-            assert spy.calls[1] == [ours.fileno() for ours, _ in others]  # not x: bytes queued
+            assert (ring.calls, ring.sends) == (2, 2 * n)  # the n others, not x: bytes queued
             reader = asyncio.get_running_loop().run_in_executor(
                 None, _read_all, x_peer, len(big) + 4
             )
