@@ -31,8 +31,8 @@ Rules:
    goes (`__del__`).
 6. The call's own cost stays small (compiled, agent.native; bench/RESULTS.md,
    thirty-fifth pass): SQE `i` keeps opcode, flags and `user_data = i` from
-   the ring's opening (the kernel only reads SQEs), so a send writes three
-   64-bit words (fd, address, length) in one `pack_into`; the ring's head and
+   the ring's opening (the kernel only reads SQEs), so a send writes its fd,
+   address and length in one `pack_into`; the ring's head and
    tail counts are ours, kept as ints; `io_uring_enter` goes through the
    untyped `syscall` with `c_long` arguments made once (a prototype's argument
    conversion cost more than the call's kernel side).
@@ -78,8 +78,10 @@ _MSG_FLAGS: Final = 0x40 | 0x4000  # MSG_DONTWAIT | MSG_NOSIGNAL (rule 2)
 # word 4 = user_data; the rest stays zero as mapped (rule 6)
 _SQE_WORDS: Final = 8
 _SQE_SIZE: Final = 64
-_SEND_WORDS: Final[Any] = struct.Struct("=Q8xQQ")  # words 0, 2 and 3 (rule 6)
-_LEN_FLAGS: Final = _MSG_FLAGS << 32
+# what a send writes (rule 6): fd, off (left 0), addr, len, from byte 4 of its SQE; fd and
+# len are small ints, which convert faster than 64-bit words
+_SEND_FIELDS: Final[Any] = struct.Struct("=i8xQI")
+_NO_RESULT: Final = -errno.EIO  # a send whose completion did not come
 _CQE_INTS: Final = 4  # struct io_uring_cqe: user_data (two 32-bit words), res, flags
 _PARAMS: Final = 120  # sizeof(struct io_uring_params)
 
@@ -180,10 +182,10 @@ class SendRing:
         self._cq_mask: int = self._cq_ints[cq_mask // 4]
         self._tail: int = self._sq_ints[self._sq_tail_at]  # rule 6: ours to count
         self._head: int = self._cq_ints[self._cq_head_at] & 0xFFFFFFFF
-        op = _OP_SEND  # flags and ioprio 0, fd written per send
         for i in range(sq_entries):  # slot i always names SQE i, whose user_data is i
             self._sq_ints[sq_array // 4 + i] = i
-            self._sqe_words[i * _SQE_WORDS] = op
+            self._sqe_words[i * _SQE_WORDS] = _OP_SEND  # flags, ioprio 0; fd per send
+            self._sqe_words[i * _SQE_WORDS + 3] = _MSG_FLAGS << 32  # len per send
             self._sqe_words[i * _SQE_WORDS + 4] = i
 
     @classmethod
@@ -226,7 +228,7 @@ class SendRing:
     def _send(self, items: Sequence[tuple[int, bytes | memoryview]]) -> list[int]:
         n = len(items)
         sqes = self._sqes
-        pack = _SEND_WORDS.pack_into
+        pack = _SEND_FIELDS.pack_into
         mask = self._sq_mask
         first = self._tail
         copies: list[bytes] = []  # rule 4: views copied, used again after the call
@@ -237,7 +239,7 @@ class SendRing:
                 whole = bytes(data)
                 copies.append(whole)
             at = ((first + i) & mask) * _SQE_SIZE
-            pack(sqes, at, _OP_SEND | (fd << 32), id(whole) + _BYTES_DATA, len(whole) | _LEN_FLAGS)
+            pack(sqes, at + 4, fd, id(whole) + _BYTES_DATA, len(whole))
         tail = (first + n) & 0xFFFFFFFF
         self._tail = tail
         self.calls += 1
@@ -250,7 +252,7 @@ class SendRing:
             if code != errno.EINTR:
                 raise OSError(code, os.strerror(code))
             submit = _ZERO  # submitted; wait for the completions again
-        results = [-errno.EIO] * n
+        results = [_NO_RESULT] * n
         cq = self._cq_ints
         cmask = self._cq_mask
         cqes = self._cqes_at
