@@ -142,22 +142,32 @@ class Downgraded:
 
 
 def downgrade_request(headers: H2Headers) -> Downgraded | None:
-    """The HTTP/1 request an upgraded h2 request stands for; None: not upgraded (rule 4)."""
+    """The HTTP/1 request an upgraded h2 request stands for; None: not upgraded (rule 4).
+
+    One pass for the mark, one for the rest; pseudo-fields are read from their own
+    short list (the inbound downgrades every upgraded stream: a scan of all the
+    fields per field read cost a pass each)."""
     mark = header(headers, ORIG_PROTO)
     if mark is None:
         return None
-    version = b"1.0" if mark.startswith(b"HTTP/1.0") else b"1.1"
-    method = header(headers, b":method") or b"GET"
-    path = header(headers, b":path") or b"/"
-    authority = header(headers, b":authority")
-    target = path
-    if mark.endswith(b"absolute-form") and authority is not None:
-        target = (header(headers, b":scheme") or b"http") + b"://" + authority + path
+    pseudo: H2Headers = []  # a handful: scanned once per field read
     fields: Headers = []
-    if authority is not None and header(headers, b"host") is None:
-        fields.append((b"host", authority))
-    fields += [(k, v) for k, v in headers if k[:1] != b":" and k != ORIG_PROTO]
-    return Downgraded(method, target, version, fields)
+    has_host = False
+    for key, value in headers:
+        if key[:1] == b":":
+            pseudo.append((key, value))
+        elif key != ORIG_PROTO:
+            has_host = has_host or key == b"host"
+            fields.append((key, value))
+    path = header(pseudo, b":path")
+    authority = header(pseudo, b":authority")
+    version = b"1.0" if mark.startswith(b"HTTP/1.0") else b"1.1"
+    target = path or b"/"
+    if mark.endswith(b"absolute-form") and authority is not None:
+        target = (header(pseudo, b":scheme") or b"http") + b"://" + authority + target
+    if authority is not None and not has_host:
+        fields.insert(0, (b"host", authority))
+    return Downgraded(header(pseudo, b":method") or b"GET", target, version, fields)
 
 
 def upgrade_response(head: ResponseHead) -> H2Headers:

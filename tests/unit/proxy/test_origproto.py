@@ -127,6 +127,23 @@ def test_the_absolute_form_comes_back():
     assert down.head_bytes(end=True)[0].startswith(b"GET http://api:8080/x HTTP/1.1\r\n")
 
 
+def test_a_downgrade_keeps_the_fields_in_order_and_a_host_the_client_sent():
+    h2 = [
+        (b":method", b"GET"),
+        (b":path", b"/a?b"),
+        (b"accept", b"*/*"),
+        (b"l5d-orig-proto", b"HTTP/1.1"),
+        (b"host", b"given"),
+        (b":authority", b"ignored-for-host"),
+        (b"x-b", b"2"),
+        (b":path", b"/second"),
+    ]
+    down = origproto.downgrade_request(h2)
+    assert down is not None
+    assert (down.method, down.target, down.version) == (b"GET", b"/a?b", b"1.1")
+    assert down.fields == [(b"accept", b"*/*"), (b"host", b"given"), (b"x-b", b"2")]
+
+
 def test_an_unmarked_stream_is_not_downgraded():
     assert origproto.downgrade_request([(b":method", b"GET"), (b":path", b"/")]) is None
 
