@@ -39,6 +39,13 @@ Rules:
    L7 peers are compared (agent.bench.report rules 5 and 8) and where the
    upgrade modes differ. That keeps the full run near 18 minutes; named loads
    run on every named setup.
+9. Where this process would load the current native build (`agent.native`)
+   and `MESHAGENT_NATIVE` does not switch it off, a meshagent setup whose
+   proxy workers did not load it (their /proc/PID/maps) is an error row, not
+   a measurement: a variant that runs another checkout without
+   `PYTHONSAFEPATH=1` imports this tree's sources against the other build,
+   finds it stale and runs interpreted at 0.5-0.8x the rate (bench/README.md,
+   bench/RESULTS.md thirty-fifth pass).
 """
 
 from __future__ import annotations
@@ -423,6 +430,26 @@ def missing_env(pids: list[int], env: tuple[tuple[str, str], ...]) -> list[str]:
     return missing
 
 
+def _native_expected() -> bool:
+    """Rule 9: whether the agents' workers should load the native build."""
+    return os.environ.get(native.ENV) != "0" and native.state() == "active"
+
+
+def interpreted_workers(pids: list[int]) -> list[int]:
+    """The proxy workers among `pids` that have not loaded the native build (rule 9)."""
+    library = f"{native.GROUP}__mypyc".encode()
+    found: list[int] = []
+    for pid in pids:
+        try:
+            if b"agent.proxy.worker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            if library not in Path(f"/proc/{pid}/maps").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue  # gone: its CPU is not counted either
+    return found
+
+
 def _note(notes: list[str], tag: str, text: str) -> None:
     """Replace the note that starts with `tag` (an earlier round's) with `tag + text`."""
     notes[:] = [n for n in notes if not n.startswith(tag)]
@@ -447,6 +474,14 @@ def _measure_setup(  # noqa: PLR0913 - the run's facts, then what it runs under
             missing = missing_env(target.proxy_pids(), env)
             if missing:
                 why = f"the variant's environment did not reach the node agents: {missing}"
+                rows.append({"setup": name, "load": "*", "error": why})
+                return
+            slow = interpreted_workers(target.proxy_pids()) if _native_expected() else []
+            if slow:
+                why = (
+                    f"the node agents' workers {slow} run interpreted, not the native build"
+                    " (a variant running another checkout needs PYTHONSAFEPATH=1)"
+                )
                 rows.append({"setup": name, "load": "*", "error": why})
                 return
             for load in opts.loads:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
+from agent import native
 from agent.bench import setups
 from agent.bench.harness import (
     ALL_LOADS,
@@ -19,6 +21,7 @@ from agent.bench.harness import (
     Variant,
     accel_delta,
     cpu_seconds,
+    interpreted_workers,
     missing_env,
     native_notes,
     variant_order,
@@ -221,6 +224,33 @@ def test_missing_env_reads_what_a_real_process_was_started_with():
         proc.kill()
         proc.wait()
         proc.stdout.close()
+
+
+def test_interpreted_workers_names_the_workers_that_did_not_load_the_native_build():
+    """Rule 9, on real processes: a worker (by its command line) that imported the
+    request path with the build switched off is named; one that loaded it, and a
+    process that is not a worker, are not."""
+    if native.state() != "active":
+        pytest.skip(f"the native build is {native.state()}: scripts/setup builds it")
+    script = "import agent.proxy.h1fast, time; print('up', flush=True); time.sleep(30)"
+    base = {k: v for k, v in os.environ.items() if k != native.ENV}
+    started = [
+        ([sys.executable, "-c", script, "agent.proxy.worker"], base),
+        ([sys.executable, "-c", script, "agent.proxy.worker"], {**base, native.ENV: "0"}),
+        ([sys.executable, "-c", script, "not-a-worker"], {**base, native.ENV: "0"}),
+    ]
+    procs = [subprocess.Popen(a, env=e, stdout=subprocess.PIPE, text=True) for a, e in started]
+    try:
+        for proc in procs:
+            assert proc.stdout.readline() == "up\n"  # the request path is imported
+        compiled, plain, other = (p.pid for p in procs)
+        assert interpreted_workers([compiled, plain, other]) == [plain]
+        assert interpreted_workers([compiled]) == []
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
 
 
 def test_the_cli_names_a_bad_variant_and_starts_nothing():
