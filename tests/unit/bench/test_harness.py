@@ -230,8 +230,7 @@ def test_interpreted_workers_names_the_workers_that_did_not_load_the_native_buil
     """Rule 9, on real processes: a worker (by its command line) that imported the
     request path with the build switched off is named; one that loaded it, and a
     process that is not a worker, are not."""
-    if native.state() != "active":
-        pytest.skip(f"the native build is {native.state()}: scripts/setup builds it")
+    assert native.state() == "active", "stale or missing build: run `bash scripts/setup`"
     script = "import agent.proxy.h1fast, time; print('up', flush=True); time.sleep(30)"
     base = {k: v for k, v in os.environ.items() if k != native.ENV}
     started = [
