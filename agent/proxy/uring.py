@@ -30,8 +30,8 @@ Rules:
    event loop (agent.proxy.writes), its fd closed by `close` or when the ring
    goes (`__del__`).
 6. The call's own cost stays small (compiled, agent.native; bench/RESULTS.md,
-   thirty-fifth pass): SQE `i` keeps opcode, flags and `user_data = i` from
-   the ring's opening (the kernel only reads SQEs), so a send writes its fd,
+   thirty-fifth pass): SQE `i` keeps opcode, flags, `msg_flags` and
+   `user_data = i` from the ring's opening (the kernel only reads SQEs), so a send writes its fd,
    address and length in one `pack_into`; the ring's head and
    tail counts are ours, kept as ints; `io_uring_enter` goes through the
    untyped `syscall` with `c_long` arguments made once (a prototype's argument
@@ -169,11 +169,10 @@ class SendRing:
         )
         self._maps.append(sqes)
         self._sqes = sqes
-        # the rings as 32-bit words (head, tail, mask, array, CQEs) and the SQEs as 64-bit
-        # ones; released before the maps close
+        # the rings as 32-bit words (head, tail, mask, array, CQEs); released before the
+        # maps close
         self._sq_ints = memoryview(sq).cast("I")
         self._cq_ints = memoryview(cq).cast("i")
-        self._sqe_words = memoryview(sqes).cast("Q")
         self._sq_tail_at: int = sq_tail // 4
         self._cq_head_at: int = cq_head // 4
         self._cq_tail_at: int = cq_tail // 4
@@ -182,11 +181,13 @@ class SendRing:
         self._cq_mask: int = self._cq_ints[cq_mask // 4]
         self._tail: int = self._sq_ints[self._sq_tail_at]  # rule 6: ours to count
         self._head: int = self._cq_ints[self._cq_head_at] & 0xFFFFFFFF
+        sqe_words = memoryview(sqes).cast("Q")
         for i in range(sq_entries):  # slot i always names SQE i, whose user_data is i
             self._sq_ints[sq_array // 4 + i] = i
-            self._sqe_words[i * _SQE_WORDS] = _OP_SEND  # flags, ioprio 0; fd per send
-            self._sqe_words[i * _SQE_WORDS + 3] = _MSG_FLAGS << 32  # len per send
-            self._sqe_words[i * _SQE_WORDS + 4] = i
+            sqe_words[i * _SQE_WORDS] = _OP_SEND  # flags, ioprio 0; fd per send
+            sqe_words[i * _SQE_WORDS + 3] = _MSG_FLAGS << 32  # len per send
+            sqe_words[i * _SQE_WORDS + 4] = i
+        sqe_words.release()
 
     @classmethod
     def open(cls) -> SendRing | None:
@@ -205,7 +206,7 @@ class SendRing:
         if self._closed:
             return
         self._closed = True
-        for name in ("_sq_ints", "_cq_ints", "_sqe_words"):
+        for name in ("_sq_ints", "_cq_ints"):
             view = getattr(self, name, None)
             if view is not None:
                 view.release()
