@@ -9,10 +9,14 @@ instruction total (`summary:`) and the calls of `MARKER`, which a worker's recor
 once for each response it records (agent.admin.observe: `Observer.taps_now`, on the bound
 and the unbound path alike). `summarize` turns the workers' dumps into a row's `icount`.
 
-A meshed request is recorded twice, outbound and inbound: by one worker on a same-node
-path, by one on each node on a cross-node path. A setup's instructions per request are so
-`2 * sum(Ir) / sum(marker calls)` over its workers, and each worker's instructions per
-recorded exchange are reported beside it.
+Each node's proxy records a meshed request once: a cross-node request is an exchange
+on the outbound worker (node a) and one on the inbound worker (node b); a same-node
+request is one exchange whose recording counts both the outbound and the inbound series
+(agent.admin.labelsets, a `local` hop), made by the one worker that carried it. A
+setup's instructions per request are so `nodes * sum(Ir) / sum(marker calls)` over its
+workers, `nodes` being the nodes its workers ran on, and each worker's instructions per
+recorded exchange are reported beside it. (Until the thirty-sixth pass the factor was 2
+on every path, which doubled the same-node figure.)
 
 Why: on a shared host the rates of the same code swing by 10-30% between minutes, which
 hides a change of a few percent; the instructions the real workers spend per request
@@ -125,8 +129,9 @@ def _name(line: str, names: dict[str, str], where: str) -> str:
 
 def summarize(dumps: list[tuple[str, int, Dump]]) -> dict[str, Any]:
     """A row's `icount` from each worker's (node, pid, dump): per worker its instructions,
-    exchanges (marker calls) and instructions per exchange; per request `2 * sum(Ir) /
-    sum(exchanges)` (module docstring), or None when no worker recorded an exchange."""
+    exchanges (marker calls) and instructions per exchange; per request `nodes * sum(Ir) /
+    sum(exchanges)`, `nodes` the distinct nodes of `dumps` (module docstring), or None when
+    no worker recorded an exchange."""
     workers = []
     total_ex = 0
     for node, pid, dump in dumps:
@@ -142,7 +147,8 @@ def summarize(dumps: list[tuple[str, int, Dump]]) -> dict[str, Any]:
             }
         )
     total_ir = sum(d.ir for _, _, d in dumps)
-    per = round(2 * total_ir / total_ex) if total_ex else None
+    nodes = len({node for node, _, _ in dumps})
+    per = round(nodes * total_ir / total_ex) if total_ex else None
     return {"ir_per_request": per, "workers": workers}
 
 

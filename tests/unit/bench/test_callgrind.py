@@ -71,7 +71,7 @@ def test_a_bad_dump_says_what_and_where(text, says):
         parse(text, "x.cg")
 
 
-def test_per_request_counts_both_recorded_sides_of_each_request():
+def test_per_request_counts_one_exchange_a_request_on_each_node_of_the_path():
     # Cross-node: one exchange a request on each node's worker.
     out = summarize(
         [
@@ -88,9 +88,15 @@ def test_per_request_counts_both_recorded_sides_of_each_request():
         "exchanges": 10,
         "ir_per_exchange": 66_000,
     }
-    # Same-node: one worker records both sides, two exchanges a request.
-    same = summarize([("a", 11, Dump(ir=1_000_000, calls={MARKER: 20}))])
-    assert same["ir_per_request"] == 100_000
+    # Same-node: one exchange a request records both sides, on whichever of the node's
+    # workers carried it.
+    same = summarize(
+        [
+            ("a", 11, Dump(ir=600_000, calls={MARKER: 12})),
+            ("a", 12, Dump(ir=400_000, calls={MARKER: 8})),
+        ]
+    )
+    assert same["ir_per_request"] == 50_000
 
 
 def test_a_worker_that_recorded_nothing_has_no_per_request_figure():
