@@ -41,6 +41,13 @@ Rules:
    preempted once and the readers find their messages together (bench/RESULTS.md,
    thirty-first pass). Where io_uring is unavailable or switched off, or the call
    fails (logged once; no send was made), the transports write as before.
+7. A transport's socket number is asked for once (`get_extra_info("socket").fileno()`,
+   two calls into uvloop that cost a third of a ring send's Python) and kept in the
+   batch's `fds`, keyed by the transport itself: the entry keeps the transport alive, so
+   no other transport can take its key, and a closed transport is never sent to (its
+   `is_closing()` is asked before its number), so a number the kernel gave to a newer
+   socket is never used for it. Once `FDS_MAX` transports are kept, those that are
+   closing are dropped, and all of them if most are still open.
 """
 
 from __future__ import annotations
@@ -60,18 +67,20 @@ logger = logging.getLogger(__name__)
 # Flushes run outside any connection's context: they write for many connections.
 _CONTEXT: Final = contextvars.Context()
 LANE_PART: Final = 8  # held writes per callback after a lane's responses (rule 5)
+FDS_MAX: Final = 512  # transports whose socket numbers a batch keeps (rule 7)
 
 
 class WriteBatch:
     """The writes one event loop holds until its current batch of callbacks ends."""
 
-    __slots__ = ("_loop", "_opened", "items", "lane", "ring")
+    __slots__ = ("_loop", "_opened", "fds", "items", "lane", "ring")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(loop)  # the registry's value: a strong one would keep it
         self.items: list[tuple[asyncio.WriteTransport, bytes | memoryview]] = []
         self.lane = False  # a lane's response is held (rule 5)
         self.ring: SendRing | None = None  # rule 6, opened at the first flush it may serve
+        self.fds: dict[Any, int] = {}  # transport -> its socket's number (rule 7)
         self._opened = False
 
     def hold(
@@ -120,7 +129,7 @@ class WriteBatch:
             ring = self.ring
             if ring is not None:
                 try:
-                    items = _through_ring(ring, items)
+                    items = _through_ring(ring, items, self.fds)
                 except OSError:  # rule 6: the call made no send
                     logger.warning("io_uring send failed; writing one by one", exc_info=True)
                     self.ring = None
@@ -140,10 +149,12 @@ def _write(items: list[tuple[asyncio.WriteTransport, bytes | memoryview]]) -> No
 
 
 def _through_ring(
-    ring: SendRing, items: list[tuple[asyncio.WriteTransport, bytes | memoryview]]
+    ring: SendRing,
+    items: list[tuple[asyncio.WriteTransport, bytes | memoryview]],
+    fds: dict[Any, int],
 ) -> list[tuple[asyncio.WriteTransport, bytes | memoryview]]:
     """Rule 6: each plain transport's first held write in one call; what is left to write
-    through the transports, in order."""
+    through the transports, in order. `fds`: the socket numbers kept (rule 7)."""
     seen: set[Any] = set()
     sends: list[tuple[int, bytes | memoryview]] = []
     sent_to: list[asyncio.WriteTransport] = []
@@ -159,7 +170,12 @@ def _through_ring(
             rest.append((transport, data))
             continue
         seen.add(transport)
-        sends.append((transport.get_extra_info("socket").fileno(), data))
+        fd = fds.get(transport)
+        if fd is None:
+            if len(fds) >= FDS_MAX:
+                _prune(fds)
+            fd = fds[transport] = transport.get_extra_info("socket").fileno()
+        sends.append((fd, data))
         sent_to.append(transport)
     if len(sends) < MIN_SENDS:
         return items
@@ -170,6 +186,16 @@ def _through_ring(
         elif res < len(data):
             left.append((transport, memoryview(data)[res:]))
     return left + rest
+
+
+def _prune(fds: dict[Any, int]) -> None:
+    """Rule 7: drop the closing transports' numbers; all of them if most are open."""
+    closing = [transport for transport in fds if transport.is_closing()]
+    if len(closing) * 2 < len(fds):
+        fds.clear()
+        return
+    for transport in closing:
+        del fds[transport]
 
 
 _BATCHES: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WriteBatch]] = (

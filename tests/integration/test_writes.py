@@ -300,3 +300,70 @@ def test_without_a_ring_the_transports_write(run: Run) -> None:
         run(body)
     finally:
         uring.switch(True)
+
+
+def test_a_socket_number_is_asked_once_and_a_closed_transports_is_never_used_again(
+    run: Run,
+) -> None:
+    """Rule 7: the batch keeps each transport's socket number; after a transport closes
+    and a new socket takes its number, the new transport's writes reach its own peer and
+    the closed one's held write is skipped."""
+    n = uring.MIN_SENDS
+
+    async def body() -> None:
+        loop = asyncio.get_running_loop()
+        with tcp_pairs(n) as pairs, tcp_pairs(1) as later:
+            trs = [await _transport(ours) for ours, _ in pairs]
+            batch = writes.batch_for(loop)
+            for tr in trs:
+                batch.hold(tr, b"one")
+            await asyncio.sleep(0)
+            assert batch.fds == {tr: tr.get_extra_info("socket").fileno() for tr in trs}
+            assert [_read_all(theirs, 3) for _, theirs in pairs] == [b"one"] * n
+            gone = trs[0]
+            number = batch.fds[gone]
+            gone.close()
+            for _ in range(3):
+                await asyncio.sleep(0)  # the loop closes its socket
+            with contextlib.suppress(OSError):
+                os.fstat(number)
+                raise AssertionError(f"socket {number} still open after its transport closed")
+            other, other_peer = later[0]
+            os.dup2(other.fileno(), number)  # a newer connection under the closed one's number
+            taker = socket.socket(fileno=number)
+            fresh = await _transport(taker)
+            batch.hold(gone, b"lost")
+            for tr in (fresh, *trs[1:]):
+                batch.hold(tr, b"two")
+            await asyncio.sleep(0)
+            ring = batch.ring
+            assert ring is not None
+            assert (ring.calls, ring.sends) == (2, 2 * n)  # n, then fresh and n - 1 others
+            assert batch.fds[fresh] == number
+            assert _read_all(other_peer, 3) == b"two"
+            assert [_read_all(theirs, 3) for _, theirs in pairs[1:]] == [b"two"] * (n - 1)
+            for tr in (fresh, *trs[1:]):
+                tr.close()
+
+    run(body)
+
+
+def test_pruning_drops_the_closing_transports_or_all_when_most_are_open(run: Run) -> None:
+    """Rule 7's bound: `_prune` keeps the open transports when at least half are closing,
+    and clears the lot otherwise."""
+
+    async def body() -> None:
+        with tcp_pairs(4) as pairs:
+            trs = [await _transport(ours) for ours, _ in pairs]
+            fds = {tr: tr.get_extra_info("socket").fileno() for tr in trs}
+            trs[0].close()
+            writes._prune(fds)
+            assert set(fds) == set()  # 1 of 4 closing: all dropped
+            fds = {tr: tr.get_extra_info("socket").fileno() for tr in trs[1:]}
+            trs[1].close()
+            trs[2].close()
+            writes._prune(fds)
+            assert set(fds) == {trs[3]}
+            trs[3].close()
+
+    run(body)
