@@ -45,12 +45,17 @@ Rules:
    a measurement: a variant that runs another checkout without
    `PYTHONSAFEPATH=1` imports this tree's sources against the other build,
    finds it stale and runs interpreted at 0.5-0.8x the rate (bench/README.md,
-   bench/RESULTS.md thirty-fifth pass).
+   bench/RESULTS.md thirty-fifth pass). Whether the build is current is read once,
+   as the run starts (`Options.native_expected`): a compiled module edited during a
+   long run makes the build stale, and the agents started after that run
+   interpreted; read at each setup, the check went quiet exactly then (thirty-sixth
+   pass).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import os
@@ -170,6 +175,7 @@ class Options:
     placement: str = "split"  # `--placement`: each node on its own CPUs, or shared (rule 6)
     variants: tuple[Variant, ...] = ()  # `--variant`: the agents A/B'd against base (rule 7)
     loads_named: bool = False  # `--loads` given: every setup runs them all (rule 8)
+    native_expected: bool | None = None  # rule 9, read as the run starts (None: not yet)
 
     @classmethod
     def make(  # noqa: PLR0913 - one keyword per CLI option
@@ -450,6 +456,22 @@ def interpreted_workers(pids: list[int]) -> list[int]:
     return found
 
 
+def interpreted_error(opts: Options, pids: list[int]) -> str:
+    """Rule 9's error for a setup whose workers among `pids` run interpreted where the
+    build was current as the run started ("" when none do, or it was not)."""
+    expected = opts.native_expected
+    if expected is None:
+        expected = _native_expected()
+    slow = interpreted_workers(pids) if expected else []
+    if not slow:
+        return ""
+    return (
+        f"the node agents' workers {slow} run interpreted, not the native build"
+        " (a variant running another checkout needs PYTHONSAFEPATH=1; a compiled"
+        " module edited since the run started makes the build stale)"
+    )
+
+
 def _note(notes: list[str], tag: str, text: str) -> None:
     """Replace the note that starts with `tag` (an earlier round's) with `tag + text`."""
     notes[:] = [n for n in notes if not n.startswith(tag)]
@@ -476,12 +498,8 @@ def _measure_setup(  # noqa: PLR0913 - the run's facts, then what it runs under
                 why = f"the variant's environment did not reach the node agents: {missing}"
                 rows.append({"setup": name, "load": "*", "error": why})
                 return
-            slow = interpreted_workers(target.proxy_pids()) if _native_expected() else []
-            if slow:
-                why = (
-                    f"the node agents' workers {slow} run interpreted, not the native build"
-                    " (a variant running another checkout needs PYTHONSAFEPATH=1)"
-                )
+            why = interpreted_error(opts, target.proxy_pids())
+            if why:
                 rows.append({"setup": name, "load": "*", "error": why})
                 return
             for load in opts.loads:
@@ -598,6 +616,8 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
     from agent.netlab import Lab  # noqa: PLC0415 - pyroute2 is heavy
 
     say = progress or (lambda _msg: None)
+    if opts.native_expected is None:
+        opts = dataclasses.replace(opts, native_expected=_native_expected())
     interpreted = native_notes(opts, native.state())
     for note in interpreted:
         say("warning: " + note)

@@ -21,6 +21,7 @@ from agent.bench.harness import (
     Variant,
     accel_delta,
     cpu_seconds,
+    interpreted_error,
     interpreted_workers,
     missing_env,
     native_notes,
@@ -226,7 +227,7 @@ def test_missing_env_reads_what_a_real_process_was_started_with():
         proc.stdout.close()
 
 
-def test_interpreted_workers_names_the_workers_that_did_not_load_the_native_build():
+def test_interpreted_workers_names_the_workers_that_did_not_load_the_native_build(monkeypatch):
     """Rule 9, on real processes: a worker (by its command line) that imported the
     request path with the build switched off is named; one that loaded it, and a
     process that is not a worker, are not."""
@@ -245,6 +246,15 @@ def test_interpreted_workers_names_the_workers_that_did_not_load_the_native_buil
         compiled, plain, other = (p.pid for p in procs)
         assert interpreted_workers([compiled, plain, other]) == [plain]
         assert interpreted_workers([compiled]) == []
+        # Judged by the build as the run started, not as each setup starts: a module
+        # edited mid-run makes the build stale, and the agents started then run plain.
+        monkeypatch.setattr(native, "state", lambda: "stale")
+        started_current = Options(native_expected=True)
+        assert f"workers [{plain}] run interpreted" in interpreted_error(
+            started_current, [compiled, plain]
+        )
+        assert interpreted_error(Options(native_expected=False), [plain]) == ""
+        assert interpreted_error(Options(), [plain]) == ""  # not started: read now, stale
     finally:
         for proc in procs:
             proc.kill()
