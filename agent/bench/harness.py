@@ -458,11 +458,9 @@ def interpreted_workers(pids: list[int]) -> list[int]:
 
 def interpreted_error(opts: Options, pids: list[int]) -> str:
     """Rule 9's error for a setup whose workers among `pids` run interpreted where the
-    build was current as the run started ("" when none do, or it was not)."""
-    expected = opts.native_expected
-    if expected is None:
-        expected = _native_expected()
-    slow = interpreted_workers(pids) if expected else []
+    build was current as the run started ("" when none do, or it was not, or `run` has
+    not read it yet)."""
+    slow = interpreted_workers(pids) if opts.native_expected else []
     if not slow:
         return ""
     return (

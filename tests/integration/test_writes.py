@@ -302,7 +302,7 @@ def test_without_a_ring_the_transports_write(run: Run) -> None:
         uring.switch(True)
 
 
-def test_a_socket_number_is_asked_once_and_a_closed_transports_is_never_used_again(
+def test_a_socket_number_is_asked_once_and_a_closed_transports_is_never_used_for_another(
     run: Run,
 ) -> None:
     """Rule 7: the batch keeps each transport's socket number; after a transport closes

@@ -254,7 +254,7 @@ def test_interpreted_workers_names_the_workers_that_did_not_load_the_native_buil
             started_current, [compiled, plain]
         )
         assert interpreted_error(Options(native_expected=False), [plain]) == ""
-        assert interpreted_error(Options(), [plain]) == ""  # not started: read now, stale
+        assert interpreted_error(Options(), [plain]) == ""  # not read: `run` reads it
     finally:
         for proc in procs:
             proc.kill()
