@@ -46,10 +46,11 @@ Rules:
    `PYTHONSAFEPATH=1` imports this tree's sources against the other build,
    finds it stale and runs interpreted at 0.5-0.8x the rate (bench/README.md,
    bench/RESULTS.md thirty-fifth pass). Whether the build is current is read once,
-   as the run starts (`Options.native_expected`): a compiled module edited during a
+   as the run starts (`Options.native_current`): a compiled module edited during a
    long run makes the build stale, and the agents started after that run
    interpreted; read at each setup, the check went quiet exactly then (thirty-sixth
-   pass).
+   pass). The switch is read at each setup: `--profile` turns the build off for
+   the agents it profiles (agent.bench.profile rule 4).
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class Options:
     placement: str = "split"  # `--placement`: each node on its own CPUs, or shared (rule 6)
     variants: tuple[Variant, ...] = ()  # `--variant`: the agents A/B'd against base (rule 7)
     loads_named: bool = False  # `--loads` given: every setup runs them all (rule 8)
-    native_expected: bool | None = None  # rule 9, read as the run starts (None: not yet)
+    native_current: bool | None = None  # rule 9: the build, read as the run starts
 
     @classmethod
     def make(  # noqa: PLR0913 - one keyword per CLI option
@@ -436,9 +437,10 @@ def missing_env(pids: list[int], env: tuple[tuple[str, str], ...]) -> list[str]:
     return missing
 
 
-def _native_expected() -> bool:
-    """Rule 9: whether the agents' workers should load the native build."""
-    return os.environ.get(native.ENV) != "0" and native.state() == "active"
+def _native_expected(opts: Options) -> bool:
+    """Rule 9: whether the agents started now should load the native build: it was current
+    as the run started (`run` records it), and the switch does not turn it off now."""
+    return bool(opts.native_current) and os.environ.get(native.ENV) != "0"
 
 
 def interpreted_workers(pids: list[int]) -> list[int]:
@@ -458,9 +460,9 @@ def interpreted_workers(pids: list[int]) -> list[int]:
 
 def interpreted_error(opts: Options, pids: list[int]) -> str:
     """Rule 9's error for a setup whose workers among `pids` run interpreted where the
-    build was current as the run started ("" when none do, or it was not, or `run` has
-    not read it yet)."""
-    slow = interpreted_workers(pids) if opts.native_expected else []
+    build was current as the run started and is not switched off ("" when none do, or
+    they should not load it, or `run` has not read the build yet)."""
+    slow = interpreted_workers(pids) if _native_expected(opts) else []
     if not slow:
         return ""
     return (
@@ -614,8 +616,8 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
     from agent.netlab import Lab  # noqa: PLC0415 - pyroute2 is heavy
 
     say = progress or (lambda _msg: None)
-    if opts.native_expected is None:
-        opts = dataclasses.replace(opts, native_expected=_native_expected())
+    if opts.native_current is None:
+        opts = dataclasses.replace(opts, native_current=native.state() == "active")
     interpreted = native_notes(opts, native.state())
     for note in interpreted:
         say("warning: " + note)

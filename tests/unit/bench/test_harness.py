@@ -249,12 +249,16 @@ def test_interpreted_workers_names_the_workers_that_did_not_load_the_native_buil
         # Judged by the build as the run started, not as each setup starts: a module
         # edited mid-run makes the build stale, and the agents started then run plain.
         monkeypatch.setattr(native, "state", lambda: "stale")
-        started_current = Options(native_expected=True)
+        monkeypatch.delenv(native.ENV, raising=False)
+        started_current = Options(native_current=True)
         assert f"workers [{plain}] run interpreted" in interpreted_error(
             started_current, [compiled, plain]
         )
-        assert interpreted_error(Options(native_expected=False), [plain]) == ""
+        assert interpreted_error(Options(native_current=False), [plain]) == ""
         assert interpreted_error(Options(), [plain]) == ""  # not read: `run` reads it
+        # Switched off for the agents started now (`--profile` does): they run plain.
+        monkeypatch.setenv(native.ENV, "0")
+        assert interpreted_error(started_current, [plain]) == ""
     finally:
         for proc in procs:
             proc.kill()
