@@ -16,6 +16,11 @@
  * bytes, so one switch keeps the order, switching back could not. For the
  * same reason a first message that finds no peer switches off too: later
  * redirected ones would overtake it.
+ *
+ * Before its first redirect an end is recorded in ma_accel_sent (an end that
+ * cannot be recorded, the map being full, switches off): the agent takes a
+ * switched-off end out of the sockhash, back to plain TCP, only when its peer
+ * never redirected into it (agent/redirect/accel_sweep.py).
  */
 #include "include/meshagent.h"
 
@@ -24,6 +29,7 @@
 MA_MAP_CFG_BY_NETNS;
 MA_MAP_ACCEL_SOCKS;
 MA_MAP_ACCEL_STATE;
+MA_MAP_ACCEL_SENT;
 
 /* socket end -> bytes it redirected since its peer last sent. Written and
  * read by sk_msg only; an end's entry goes when it switches off. LRU. */
@@ -39,7 +45,9 @@ BPF_TABLE_PINNED("lru_hash", struct ma_sock_key, __u32, ma_accel_burst, MA_MAX_C
 #define MA_STAT_OFF_BURST 4      /* ends switched off: over MA_ACCEL_BURST unanswered */
 #define MA_STAT_OFF_NO_PEER 5    /* ends switched off: peer not in ma_accel_socks */
 #define MA_STAT_OFF_CONFIG 6     /* ends switched off: pod config gone or not accelerated */
-#define MA_STATS 8
+#define MA_STAT_OFF_FULL 7       /* ends switched off: ma_accel_sent full */
+#define MA_STAT_RETURNED 8       /* written by the agent: ends it took out of the sockhash */
+#define MA_STATS 10
 BPF_TABLE_PINNED("array", __u32, __u64, ma_accel_stats, MA_STATS, MA_PIN_MAPS "/ma_accel_stats");
 
 static __always_inline void ma_count(__u32 idx, __u64 n)
@@ -89,6 +97,11 @@ int ma_sk_msg(struct sk_msg_md *msg)
         sent += *burst;
     if (sent > MA_ACCEL_BURST)
         return ma_switch_off(&self, MA_STAT_OFF_BURST);
+    if (!ma_accel_sent.lookup(&self)) {
+        __u32 one = 1;
+        if (ma_accel_sent.update(&self, &one))
+            return ma_switch_off(&self, MA_STAT_OFF_FULL);
+    }
     struct ma_sock_key peer = {};
     peer.netns = self.netns;
     peer.local_ip = self.remote_ip;

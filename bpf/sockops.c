@@ -13,6 +13,8 @@
  *    app at the pod IP, agent/proxy/inbound.py app_addr): both go over lo.
  *    A passive end drops a stale MA_ACCEL_OFF a closed connection with the
  *    same addresses left in ma_accel_state.
+ * 3. A recorded end asks for state callbacks; at TCP_CLOSE its entries in
+ *    ma_accel_state and ma_accel_sent go.
  */
 #include "include/meshagent.h"
 
@@ -21,6 +23,7 @@ MA_MAP_PENDING;
 MA_MAP_ORIG_DST;
 MA_MAP_ACCEL_SOCKS;
 MA_MAP_ACCEL_STATE;
+MA_MAP_ACCEL_SENT;
 
 static __always_inline void ma_move_orig_dst(struct bpf_sock_ops *skops)
 {
@@ -85,7 +88,28 @@ static __always_inline void ma_accel_record(struct bpf_sock_ops *skops, int acti
             return;
         ma_accel_state.delete(&key);
     }
-    ma_accel_socks.sock_hash_update(skops, &key, BPF_ANY);
+    int err = ma_accel_socks.sock_hash_update(skops, &key, BPF_ANY);
+    if (err == 0)
+        bpf_sock_ops_cb_flags_set(skops,
+                                  skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+}
+
+/* Rule 3: only recorded ends asked for the callback. */
+static __always_inline void ma_accel_closed(struct bpf_sock_ops *skops)
+{
+    if (skops->args[1] != BPF_TCP_CLOSE)
+        return;
+    __u32 local_ip = 0, remote_ip = 0;
+    if (!ma_sockops_ip4(skops, &local_ip, &remote_ip))
+        return;
+    struct ma_sock_key key = {};
+    key.netns = bpf_get_netns_cookie(skops);
+    key.local_ip = local_ip;
+    key.remote_ip = remote_ip;
+    key.local_port = skops->local_port;
+    key.remote_port = bpf_ntohl(skops->remote_port);
+    ma_accel_sent.delete(&key);
+    ma_accel_state.delete(&key);
 }
 
 int ma_sockops(struct bpf_sock_ops *skops)
@@ -99,6 +123,9 @@ int ma_sockops(struct bpf_sock_ops *skops)
         break;
     case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
         ma_accel_record(skops, 0);
+        break;
+    case BPF_SOCK_OPS_STATE_CB:
+        ma_accel_closed(skops);
         break;
     }
     return 1;

@@ -46,6 +46,7 @@ ORIG_DST = "ma_orig_dst"
 LISTENERS = "ma_listeners"
 ACCEL_SOCKS = "ma_accel_socks"
 ACCEL_STATE = "ma_accel_state"
+ACCEL_SENT = "ma_accel_sent"
 ACCEL_BURST = "ma_accel_burst"  # declared in bpf/sk_msg.c (sk_msg's own)
 ACCEL_STATS = "ma_accel_stats"  # declared in bpf/sk_msg.c
 
@@ -58,8 +59,11 @@ ACCEL_STAT_NAMES = (
     "off_burst",
     "off_no_peer",
     "off_config",
+    "off_full",
+    "returned",  # written by the agent (agent.redirect.accel_sweep), not by sk_msg
 )
-ACCEL_STATS_SLOTS = 8
+ACCEL_STATS_SLOTS = 10
+ACCEL_STAT_RETURNED = ACCEL_STAT_NAMES.index("returned")
 
 
 class PortRangeC(ctypes.Structure):
@@ -114,6 +118,7 @@ MAP_TYPES: dict[str, tuple[Any, Any]] = {
     LISTENERS: (ctypes.c_uint32, ctypes.c_uint64),
     ACCEL_SOCKS: (SockKeyC, ctypes.c_uint64),
     ACCEL_STATE: (SockKeyC, ctypes.c_uint32),
+    ACCEL_SENT: (SockKeyC, ctypes.c_uint32),
     ACCEL_BURST: (SockKeyC, ctypes.c_uint32),
     ACCEL_STATS: (ctypes.c_uint32, ctypes.c_uint64),
 }

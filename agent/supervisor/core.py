@@ -20,7 +20,8 @@ Rules:
    restarts), so a restarted agent finds them in the registry and
    reconciles (re-enrolling is idempotent; entries for pods no longer
    desired are removed at start). `--cleanup-on-exit` unenrolls everything.
-3. Blocking kernel work (discovery, netns sockets, iptables) runs in
+3. Blocking kernel work (discovery, netns sockets, iptables, the sweep of
+   switched-off accelerated sockets, `agent.redirect.accel_sweep`) runs in
    threads, never on the event loop.
 4. /ready: redirects (every desired pod enrolled), workers (all up),
    certificates (every service account holds a valid one), control plane
@@ -189,6 +190,11 @@ class Supervisor:
             aio.spawn(measure_loop_lag(self.node_metrics.set_loop_lag), name="loop-lag"),
             aio.spawn(self.targets.watch_unanswered(), name="unanswered-targets"),
         ]
+        if self.mode is Mode.EBPF and getattr(self.redirector, "accelerate", False):
+            from agent.redirect import accel_sweep  # noqa: PLC0415 - eBPF acceleration only
+
+            sweeper = accel_sweep.Sweeper(self.redirector.maps_dir)
+            self._tasks.append(aio.spawn(accel_sweep.run(sweeper), name="accel-sweep"))
         compiled = native.state()  # what the workers load (agent.native rule 1)
         logger.info(
             "agent started",

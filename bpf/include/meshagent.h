@@ -146,12 +146,26 @@ struct ma_sock_key {
 /* socket end -> MA_ACCEL_*. sockops marks recorded active ends, so that
  * their passive peers join (sockops cannot release a socket looked up in
  * ma_accel_socks); sk_msg marks ends that sent one message too big to
- * redirect: from then on all their data takes the TCP path. LRU. */
+ * redirect: from then on all their data takes the TCP path. The agent marks
+ * the peer of a switched-off end it takes out of ma_accel_socks. LRU; sockops
+ * deletes an end's entry when its connection reaches TCP_CLOSE. */
 #define MA_ACCEL_ACTIVE 1
 #define MA_ACCEL_OFF 2
 #define MA_MAP_ACCEL_STATE \
     BPF_TABLE_PINNED("lru_hash", struct ma_sock_key, __u32, ma_accel_state, MA_MAX_CONNS, \
                      MA_PIN_MAPS "/ma_accel_state")
+
+/* socket end -> 1: the end redirected at least one message into its peer's
+ * receive queue. Written by sk_msg before each redirect (an end it cannot
+ * record is switched off instead); deleted by sockops when the connection
+ * reaches TCP_CLOSE; read by the agent, which takes a switched-off end out of
+ * ma_accel_socks only while its peer has no record here: the end's own queue
+ * of redirected bytes is then empty, and taking a socket out of the sockhash
+ * frees that queue (agent/redirect/accel_sweep.py). A plain hash, not LRU: an
+ * evicted record would let the agent drop bytes. */
+#define MA_MAP_ACCEL_SENT \
+    BPF_TABLE_PINNED("hash", struct ma_sock_key, __u32, ma_accel_sent, MA_MAX_CONNS, \
+                     MA_PIN_MAPS "/ma_accel_sent")
 
 /* --- helpers ----------------------------------------------------------------- */
 

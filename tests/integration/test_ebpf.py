@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from agent.netlab import lab
-from agent.redirect import ebpf_cache, ebpf_origdst, maps, netns
+from agent.redirect import accel_sweep, ebpf_cache, ebpf_origdst, maps, netns
 from agent.redirect.ebpf import EbpfRedirector
 from agent.redirect.model import PROXY_MARK, CaptureSpec, PortRange, PortSet
 from agent.redirect.orig_dst import original_dst
@@ -412,7 +412,7 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
 
 
 # Both ends of one connection, as processes in the pod: "listen" accepts one
-# connection, "connect" makes it (optionally with the proxy mark). Three
+# connection, "connect" makes it (optionally with the proxy mark). PINGS
 # small ping/pongs, then each side sends SEND bytes of its own pattern in
 # CHUNK-byte writes (a thread) while it reads RECV bytes after DELAY seconds.
 # Prints the sha256 and length of what it read.
@@ -421,7 +421,7 @@ PEER = textwrap.dedent(
     import hashlib, socket, sys, threading, time
     role, host, port, mark = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     send, recv, chunk = (int(a) for a in sys.argv[5:8])
-    delay = float(sys.argv[8])
+    delay, pings = float(sys.argv[8]), int(sys.argv[9])
     def pattern(k, n):
         return bytes((i * k) % 251 for i in range(n))
     if role == "listen":
@@ -442,7 +442,7 @@ PEER = textwrap.dedent(
         s.settimeout(20)
         s.connect((host, port))
     s.settimeout(60)
-    for _ in range(3):
+    for _ in range(pings):
         if role == "connect":
             s.sendall(b"ping"); assert s.recv(4) == b"pong"
         else:
@@ -482,8 +482,10 @@ def _peer(  # noqa: PLR0913 - one connection end's knobs
     recv: int,
     chunk: int,
     delay: float = 0.0,
+    pings: int = 3,
 ):
     args = [role, host, str(port), str(mark), str(send), str(recv), str(chunk), str(delay)]
+    args.append(str(pings))
     proc = pod.spawn(
         [sys.executable, "-c", PEER, *args],
         stdout=subprocess.PIPE,
@@ -574,6 +576,76 @@ def test_accelerated_proxy_to_app_on_the_pod_ip_and_a_dual_stack_listener(pods, 
     delta = _stats_delta(before, accelerated)
     assert delta["off_no_peer"] == 0
     assert delta["redirected_bytes"] >= 24
+
+
+def _ends_on_port(r, port: int) -> int:
+    """How many socket ends of connections to or from `port` ma_accel_socks holds."""
+    return _entries_on_port(r, maps.ACCEL_SOCKS, port)
+
+
+def _wait_for(cond, what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_sweep_returns_a_one_way_senders_end_to_plain_tcp_and_loses_nothing(
+    pods, spec, accelerated
+):
+    """The sender switches off at its first 64 KiB write; its peer never sent. Two ticks
+    later the sender's end is out of the sockhash (plain TCP) while the reader has not read
+    a byte yet, and the reader still gets all 8 MiB in order."""
+    _, app, srv, _ = pods
+    sweeper = accel_sweep.Sweeper(accelerated.maps_dir)
+    sweeper.tick()  # settles whatever earlier tests left
+    port = spec.outbound_port
+    before = maps.accel_stats(accelerated.maps_dir)
+    listener = _peer(
+        app, "listen", "127.0.0.1", port, send=0, recv=MIB8, chunk=4096, delay=2.0, pings=0
+    )
+    client = _peer(app, "connect", srv.ip, 8080, send=MIB8, recv=0, chunk=65536, pings=0)
+    _wait_for(lambda: _stats_delta(before, accelerated)["off_size"] == 1, "no switch-off")
+    assert _ends_on_port(accelerated, port) == 2
+    assert sweeper.tick() == 0  # first tick: the reader's end is switched off
+    time.sleep(accel_sweep.TICK_S)
+    assert sweeper.tick() == 1
+    assert _ends_on_port(accelerated, port) == 1  # the reader (still asleep) keeps its end
+    assert listener.poll() is None
+    assert _result(client) == (_pattern_digest(3, 0), 0)
+    assert _result(listener) == (_pattern_digest(1, MIB8), MIB8)
+    delta = _stats_delta(before, accelerated)
+    assert delta["returned"] == 1
+    assert delta["redirected_msgs"] == 0
+
+
+def test_sweep_leaves_ends_whose_peer_redirected_into_them(pods, spec, accelerated):
+    """Ping/pongs first: each end redirected into the other, so neither queue is known to
+    be empty and both ends stay in the sockhash (tcp_bpf's path) for their life."""
+    _, app, srv, _ = pods
+    sweeper = accel_sweep.Sweeper(accelerated.maps_dir)
+    sweeper.tick()
+    port = spec.outbound_port
+    before = maps.accel_stats(accelerated.maps_dir)
+    listener = _peer(app, "listen", "127.0.0.1", port, send=MIB8, recv=MIB8, chunk=65536, delay=1.0)
+    client = _peer(app, "connect", srv.ip, 8080, send=MIB8, recv=MIB8, chunk=65536)
+    _wait_for(lambda: _stats_delta(before, accelerated)["off_size"] == 2, "no switch-offs")
+    for _ in range(3):
+        assert sweeper.tick() == 0
+        time.sleep(accel_sweep.TICK_S)
+    assert _ends_on_port(accelerated, port) == 2
+    assert _entries_on_port(accelerated, maps.ACCEL_SENT, port) == 2
+    assert _result(client) == (_pattern_digest(3, MIB8), MIB8)
+    assert _result(listener) == (_pattern_digest(1, MIB8), MIB8)
+    assert _stats_delta(before, accelerated)["returned"] == 0
+    # closed: sockops dropped both ends' records (TCP_CLOSE), and they left the sockhash
+    for name in (maps.ACCEL_SENT, maps.ACCEL_STATE, maps.ACCEL_SOCKS):
+        _wait_for(lambda n=name: _entries_on_port(accelerated, n, port) == 0, f"{name} kept")
+
+
+def _entries_on_port(r, name: str, port: int) -> int:
+    with r.open_map(name) as m:
+        return sum(1 for k in m.key_list() if port in (k.local_port, k.remote_port))
 
 
 # --- keep last: removes everything --------------------------------------------------------
