@@ -93,12 +93,13 @@ ALL_LOADS = (
     "http1-saturate",
     "h2-saturate",
     "tcp-throughput",
+    "tcp-reverse",
     "conn-rate",
 )
 PLACEMENTS = ("split", "shared")
 MEMORY_PODS = (1, 10, 50, 100)
 QUICK_MEMORY_PODS = (1, 100)
-QUICK_LOADS = tuple(x for x in ALL_LOADS if x not in ("http1-rate-500", "http1-rr"))
+QUICK_LOADS = tuple(x for x in ALL_LOADS if x not in ("http1-rate-500", "http1-rr", "tcp-reverse"))
 # The setups the goals are judged on (the peers, our two capture modes on one and two
 # nodes, sockmap); the rest (the Python floors, HAProxy's TLS variants, our upgrade
 # modes) are for finding out why, in full runs or by name with --setups.
@@ -359,7 +360,7 @@ def _row(target: Target, load: str, m: loads.Measured, cpu_s: float) -> dict[str
 
 def _applicable(target: Target, load: str) -> str | None:
     """Why `load` cannot run on `target`, or None."""
-    if load == "tcp-throughput" and not target.iperf_port:
+    if load in ("tcp-throughput", "tcp-reverse") and not target.iperf_port:
         return "not a TCP proxy (HTTP mode): see haproxy-tcp"
     if load == "h2-saturate" and not target.h2:
         return "HTTP/1.1 only"
@@ -375,6 +376,7 @@ def _one_load(target: Target, load: str, opts: Options) -> loads.Measured:
         "http1-saturate": lambda: loads.http1_saturate(target, d),
         "h2-saturate": lambda: loads.h2_saturate(target, d),
         "tcp-throughput": lambda: loads.tcp_throughput(target, d),
+        "tcp-reverse": lambda: loads.tcp_throughput(target, d, reverse=True),
         "conn-rate": lambda: loads.conn_rate(target, d, min(w, 0.5)),
     }
     return runners[load]()

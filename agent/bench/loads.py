@@ -3,7 +3,8 @@
     http1-rate-N     agent.bench.loadgen, constant N req/s, 16 keep-alive connections
     http1-saturate   wrk, 64 connections, 2 threads
     h2-saturate      h2load (h2c prior knowledge), 4 connections x 16 streams
-    tcp-throughput   iperf3, one stream
+    tcp-throughput   iperf3, one stream, the client pod sends
+    tcp-reverse      iperf3 -R, one stream, the server pod sends (a download)
     conn-rate        agent.bench.loadgen --mode conn, 16 loops of connect/request/close
     http1-rr         agent.bench.loadgen --mode rr, 1 keep-alive connection, closed
                      loop: the bare small request/response latency of the path
@@ -203,9 +204,8 @@ def h2_saturate(target: Target, duration: float) -> Measured:
     return _parse("h2-saturate", from_h2load, _run(target, "h2-saturate", argv, duration + 30))
 
 
-def tcp_throughput(target: Target, duration: float) -> Measured:
+def tcp_throughput(target: Target, duration: float, *, reverse: bool = False) -> Measured:
+    name = "tcp-reverse" if reverse else "tcp-throughput"
     argv = ["iperf3", "-c", target.host, "-p", str(target.iperf_port), "-J"]
-    argv += ["-t", str(max(1, round(duration)))]
-    return _parse(
-        "tcp-throughput", from_iperf3, _run(target, "tcp-throughput", argv, duration + 30)
-    )
+    argv += ["-t", str(max(1, round(duration))), *(["-R"] if reverse else [])]
+    return _parse(name, from_iperf3, _run(target, name, argv, duration + 30))

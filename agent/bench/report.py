@@ -17,11 +17,12 @@ Rules:
 4. Acceleration (`accel_summary`): `meshagent-ebpf-accel` over
    `meshagent-ebpf` (the same agent without MESHAGENT_EBPF_ACCEL) for p50 and
    p99 of every small request/response load both ran (`http1-rr`,
-   `http1-rate-N`), and Gbit/s of `tcp-throughput`. The latency goal is met
-   when the mean p50 ratio and the mean p99 ratio are both at most
-   `ACCEL_LATENCY_GOAL`; bulk is sane when the accelerated iperf3 run
+   `http1-rate-N`), and Gbit/s of `tcp-throughput` and `tcp-reverse`. The
+   latency goal is met when the mean p50 ratio and the mean p99 ratio are both
+   at most `ACCEL_LATENCY_GOAL`; bulk is sane when the accelerated iperf3 run
    completed without error at `ACCEL_BULK_FLOOR` or more of the plain run's
-   Gbit/s.
+   Gbit/s, in each direction that ran (`bulk`, and `bulk["reverse"]` for the
+   download).
 5. The Python floor (`python-floor`, agent.bench.floor): its http1-saturate
    rps and CPU per request over `haproxy-http`'s, and each same-node
    meshagent setup's over the floor's, named like rule 2's ratios. They say
@@ -68,6 +69,7 @@ NODE_MEMORY_GOAL_MB = 150.0
 ACCEL_SETUP = "meshagent-ebpf-accel"
 ACCEL_PEER = "meshagent-ebpf"
 ACCEL_LATENCY_GOAL = 0.85  # ">= 15% below the plain path"
+BULK_LOADS = ("tcp-throughput", "tcp-reverse")  # iperf3 up (client sends) and down (-R)
 ACCEL_BULK_FLOOR = 0.5  # "no bulk transfer failing": completes, at least half the plain rate
 FLOOR_SETUP = "python-floor"
 FLOOR_TLS_SETUP = "python-floor-tls"
@@ -194,7 +196,7 @@ def _accel_ratios(rows: Sequence[Row]) -> dict[str, float]:
     loads = sorted({r["load"] for r in rows if r["setup"] == ACCEL_SETUP})
     for load in loads:
         keys: tuple[str, ...] = ("p50_ms", "p99_ms") if _small_rr_load(load) else ()
-        keys += ("gbps",) if load == "tcp-throughput" else ()
+        keys += ("gbps",) if load in BULK_LOADS else ()
         for key in keys:
             value = _ratio(_get(rows, ACCEL_SETUP, load, key), _get(rows, ACCEL_PEER, load, key))
             if value is not None:
@@ -238,13 +240,22 @@ def accel_summary(rows: Sequence[Row]) -> dict[str, Any] | None:
 
 
 def _accel_bulk(rows: Sequence[Row]) -> dict[str, Any] | None:
-    mine = next(
-        (r for r in rows if r["setup"] == ACCEL_SETUP and r["load"] == "tcp-throughput"), None
-    )
+    """The upload's verdict (None: not run), with the download's under "reverse" when it
+    ran; "sane" only when each direction that ran is."""
+    up, down = (_accel_bulk_one(rows, load) for load in BULK_LOADS)
+    if up is None:
+        return None
+    if down is not None:
+        up["reverse"] = down
+        up["sane"] = up["sane"] and down["sane"]
+    return up
+
+
+def _accel_bulk_one(rows: Sequence[Row], load: str) -> dict[str, Any] | None:
+    mine = next((r for r in rows if r["setup"] == ACCEL_SETUP and r["load"] == load), None)
     if mine is None:
         return None
-    ratio = _ratio(_get(rows, ACCEL_SETUP, "tcp-throughput", "gbps"),
-                   _get(rows, ACCEL_PEER, "tcp-throughput", "gbps"))  # fmt: skip
+    ratio = _ratio(_get(rows, ACCEL_SETUP, load, "gbps"), _get(rows, ACCEL_PEER, load, "gbps"))
     failed = bool(mine.get("error")) or not mine.get("gbps")
     return {
         "gbps": mine.get("gbps"),
@@ -265,8 +276,12 @@ def accel_notes(summary: Mapping[str, Any] | None) -> list[str]:
     if bulk is not None:
         bulk_text = (
             f"{'sane' if bulk['sane'] else 'FAILED'} ({bulk['gbps']} Gbit/s, "
-            f"{bulk['gbps_ratio']}x plain)"
+            f"{bulk['gbps_ratio']}x plain"
         )
+        down = bulk.get("reverse")
+        if down is not None:
+            bulk_text += f"; reverse {down['gbps']} Gbit/s, {down['gbps_ratio']}x plain"
+        bulk_text += ")"
     loads = ", ".join(summary["latency"]) or "no loads"
     line = (
         f"sockmap acceleration ({ACCEL_SETUP} / {ACCEL_PEER}): p50 {summary['p50_mean']}x, "

@@ -9,35 +9,41 @@ end out of the sockhash gives it plain TCP back, but also frees the queue of
 bytes its peer redirected into it and it has not read yet: those would be lost.
 
 Rules:
-1. An end X is taken out only when the sweep sees, at two ticks at least
-   `TICK_S` apart, that X is switched off (MA_ACCEL_OFF), that its peer Y is
-   in the sockhash as the same socket (cookie) and switched off, and that Y has
-   no record in ma_accel_sent (read before Y's cookie): Y never redirected into
-   X, so X's queue is empty, and being switched off Y never will. A peer that
-   is not switched off yet is switched off by the sweep at the first tick; the
-   second tick's fresh read of Y's record covers a send of Y that was past its
-   state check when that happened (sk_msg records before it redirects).
-2. An end whose peer is gone from the sockhash, or has a record, stays where it
-   is for its life: nothing the agent can see says its queue is empty. So a
-   connection that carried requests and answers both ways before one side
-   turned to bulk keeps tcp_bpf's path; a stream whose receiving side never
-   sent (iperf3's data connection, a download's request leg) gets plain TCP.
-3. The decisions are pure (`Sweep.step`); `Sweeper.tick` reads the maps (each
-   call a blocking bpf syscall: run it off the event loop), applies them and
-   adds the ends it took out to the `returned` counter of ma_accel_stats. It
-   reads the maps only when a switch-off counter moved or an end waits for its
-   second tick.
+1. An end X is looked at twice, at ticks at least `TICK_S` apart, while it is
+   switched off (MA_ACCEL_OFF) and in the sockhash as the same socket
+   (cookie). At the first look the sweep switches X's peer Y off if it is not
+   yet (no redirect into X can start after that) and notes Y's cookie, or that
+   Y is gone from the sockhash (a socket out of the sockhash redirects
+   nothing). At the second look Y must be as it was (the same cookie and
+   switched off) or gone: any send of Y that was past its state check at the
+   first look has redirected by now.
+2. Then X is taken out when its queue of redirected bytes is empty: Y is in
+   the sockhash and has no record in ma_accel_sent (read before Y's cookie;
+   sk_msg records before it redirects), or FIONREAD on X says 0
+   (`agent.redirect.sockqueue`, on kernels that count the sockmap queue).
+   Bytes waiting there are read by X's owner sooner or later: the sweep looks
+   again at later ticks, up to `QUEUE_TRIES` times.
+3. An end it cannot tell about (its queue unreadable, Y changed between the
+   looks, `QUEUE_TRIES` used up) stays in the sockhash for its life, where
+   tcp_bpf's path still carries its bytes correctly.
+4. The decisions are pure (`Sweep.step`); `Sweeper.tick` reads the maps (each
+   call a blocking bpf syscall: run it off the event loop) and the queues,
+   applies the decisions and adds the ends it took out to the `returned`
+   counter of ma_accel_stats. It reads the maps only when a switch-off counter
+   moved or an end waits for a look.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agent.redirect import maps
+from agent.redirect import maps, sockqueue
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -45,7 +51,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TICK_S = 0.2  # the agent's sweep period; rule 1's two ticks are at least this far apart
+TICK_S = 0.2  # the agent's sweep period; rule 1's two looks are at least this far apart
+QUEUE_TRIES = 25  # rule 2: looks at a non-empty queue before the end is left alone
 OFF_COUNTERS = ("off_size", "off_burst", "off_no_peer", "off_config", "off_full")
 
 Key = tuple[int, int, int, int, int]  # (netns, local ip, remote ip, local port, remote port)
@@ -64,6 +71,7 @@ class EndView:
     cookie: int | None  # its socket's cookie in ma_accel_socks; None: not there
     off: bool  # MA_ACCEL_OFF in ma_accel_state
     sent: bool  # a record in ma_accel_sent: it redirected at least once
+    queued: int | None = None  # redirected bytes it has not read (read when asked); None: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,17 +80,25 @@ class Decision:
     remove: tuple[Key, ...]  # ends to take out of ma_accel_socks
 
 
+_GONE = -1  # the peer's "cookie" at the first look when it was not in the sockhash
+
+
 class Sweep:
-    """Rule 1 and 2's bookkeeping across ticks; no I/O."""
+    """Rules 1 to 3's bookkeeping across ticks; no I/O."""
 
     def __init__(self) -> None:
-        self._first: dict[int, int] = {}  # end's cookie -> its peer's cookie at the first tick
+        self._first: dict[int, int] = {}  # end's cookie -> its peer's cookie (or _GONE) at look 1
+        self._tries: dict[int, int] = {}  # end's cookie -> looks at a non-empty queue
         self._settled: set[int] = set()  # ends' cookies decided for good
 
     @property
     def waiting(self) -> bool:
-        """Whether an end waits for its second tick."""
+        """Whether an end waits for another look."""
         return bool(self._first)
+
+    def wants_queue(self, cookie: int) -> bool:
+        """Whether the next look at this end needs its queue (`EndView.queued`)."""
+        return cookie in self._first
 
     def step(self, off: Iterable[Key], views: Mapping[Key, EndView]) -> Decision:
         """One tick over the switched-off ends `off`; `views` has each of them and its peer."""
@@ -93,26 +109,48 @@ class Sweep:
             end = views[key]
             if end.cookie is None:
                 continue
-            live.add(end.cookie)
-            if end.cookie in self._settled:
+            c = end.cookie
+            live.add(c)
+            if c in self._settled:
                 continue
             peer_key = peer_of(key)
             peer = views[peer_key]
-            if peer.cookie is None or peer.sent:
-                self._settled.add(end.cookie)  # rule 2
-                self._first.pop(end.cookie, None)
+            now = _GONE if peer.cookie is None else peer.cookie
+            first = self._first.get(c)
+            if first is not None and now not in (first, _GONE):
+                self._settle(c)  # rule 3: another socket on the peer's addresses
                 continue
-            if peer.off and self._first.get(end.cookie) == peer.cookie:
+            if first is None or (peer.cookie is not None and not peer.off):
+                self._first[c] = now  # look 1 (again, if the peer's mark was lost meanwhile)
+                if peer.cookie is not None and not peer.off:
+                    switch_off.append(peer_key)
+                continue
+            verdict = self._verdict(c, peer, end)  # look 2 or later
+            if verdict is True:
                 remove.append(key)
-                self._settled.add(end.cookie)
-                del self._first[end.cookie]
-                continue
-            self._first[end.cookie] = peer.cookie
-            if not peer.off:
-                switch_off.append(peer_key)
+                self._settle(c)
+            elif verdict is False:
+                self._settle(c)
         self._first = {c: p for c, p in self._first.items() if c in live}
+        self._tries = {c: n for c, n in self._tries.items() if c in live}
         self._settled &= live
         return Decision(tuple(switch_off), tuple(remove))
+
+    def _verdict(self, c: int, peer: EndView, end: EndView) -> bool | None:
+        """True: take it out; False: leave it for good; None: look again (rule 2)."""
+        if peer.cookie is not None and not peer.sent:
+            return True
+        if end.queued is None:
+            return False
+        if end.queued == 0:
+            return True
+        self._tries[c] = self._tries.get(c, 0) + 1
+        return False if self._tries[c] >= QUEUE_TRIES else None
+
+    def _settle(self, c: int) -> None:
+        self._settled.add(c)
+        self._first.pop(c, None)
+        self._tries.pop(c, None)
 
 
 def key_of(c: maps.SockKeyC) -> Key:
@@ -124,13 +162,15 @@ def sock_key(key: Key) -> maps.SockKeyC:
 
 
 class Sweeper:
-    """Rule 3's shell over the pinned maps of one node."""
+    """Rule 4's shell over the pinned maps of one node; `queues` reads queues (rule 2)."""
 
-    def __init__(self, maps_dir: str | Path) -> None:
+    def __init__(self, maps_dir: str | Path, queues: sockqueue.Queues | None = None) -> None:
         self.maps_dir = maps_dir
+        self.queues = queues
         self.sweep = Sweep()
         self.returned = 0  # ends this sweeper took out
         self._seen_offs = 0  # no switch-off yet: nothing to read
+        self._last = -TICK_S  # when the maps were last read
 
     def tick(self) -> int:
         """One sweep; the number of ends taken out.
@@ -138,11 +178,15 @@ class Sweeper:
         Raises:
             BpfError: a map is not pinned or a call on it failed.
         """
+        now = time.monotonic()
+        if now - self._last < TICK_S:
+            return 0  # rule 1's looks stay TICK_S apart however often this is called
         stats = maps.accel_stats(self.maps_dir)
         offs = sum(stats[name] for name in OFF_COUNTERS)
         if offs == self._seen_offs and not self.sweep.waiting:
             return 0
         self._seen_offs = offs
+        self._last = now
         with (
             maps.PinnedMap.open(self.maps_dir, maps.ACCEL_STATE) as state,
             maps.PinnedMap.open(self.maps_dir, maps.ACCEL_SOCKS) as socks,
@@ -151,9 +195,11 @@ class Sweeper:
             off = [key_of(k) for k, v in state.items() if v.value == maps.ACCEL_OFF]
             views: dict[Key, EndView] = {}
             for key in off:
-                for k in (key, peer_of(key)):
+                for k in (peer_of(key), key):
                     if k not in views:
                         views[k] = _view(k, state, socks, sent)
+            for key in off:
+                self._read_queue(key, views)
             decision = self.sweep.step(off, views)
             for k in decision.switch_off:
                 state.update(sock_key(k), ctypes.c_uint32(maps.ACCEL_OFF))
@@ -162,6 +208,16 @@ class Sweeper:
             self.returned += taken
             _add_returned(self.maps_dir, taken)
         return taken
+
+    def _read_queue(self, key: Key, views: dict[Key, EndView]) -> None:
+        """The end's queue, when its next look needs it: its peer sent, or is gone."""
+        end, peer = views[key], views[peer_of(key)]
+        if self.queues is None or end.cookie is None or not self.sweep.wants_queue(end.cookie):
+            return
+        if peer.cookie is not None and not peer.sent:
+            return  # rule 2's first case decides without it
+        queued = self.queues.queued(key, end.cookie)
+        views[key] = dataclasses.replace(end, queued=queued)
 
 
 def _view(key: Key, state: maps.PinnedMap, socks: maps.PinnedMap, sent: maps.PinnedMap) -> EndView:

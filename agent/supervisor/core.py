@@ -191,9 +191,11 @@ class Supervisor:
             aio.spawn(self.targets.watch_unanswered(), name="unanswered-targets"),
         ]
         if self.mode is Mode.EBPF and getattr(self.redirector, "accelerate", False):
-            from agent.redirect import accel_sweep  # noqa: PLC0415 - eBPF acceleration only
+            from agent.redirect import accel_sweep, sockqueue  # noqa: PLC0415 - eBPF accel only
 
-            sweeper = accel_sweep.Sweeper(self.redirector.maps_dir)
+            pool = self.pool
+            queues = sockqueue.Queues(self._pod_places, lambda: pool.pids)
+            sweeper = accel_sweep.Sweeper(self.redirector.maps_dir, queues)
             self._tasks.append(aio.spawn(accel_sweep.run(sweeper), name="accel-sweep"))
         compiled = native.state()  # what the workers load (agent.native rule 1)
         logger.info(
@@ -369,6 +371,16 @@ class Supervisor:
         )
 
     # --- admin ------------------------------------------------------------------------
+
+    def _pod_places(self) -> list[Any]:
+        """Each enrolled pod's netns and cgroup (`sockqueue.Place`), for the sweep's thread:
+        `list()` copies the values in one step, so the loop may change the dict meanwhile."""
+        from agent.redirect.sockqueue import Place  # noqa: PLC0415 - eBPF acceleration only
+
+        return [
+            Place(netns=e.spec.netns, cgroup=e.spec.cgroup)
+            for e in list(self.pods.enrolled.values())
+        ]
 
     def _node_info(self) -> state.NodeInfo:
         s = self.settings

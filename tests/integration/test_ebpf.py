@@ -578,6 +578,14 @@ def test_accelerated_proxy_to_app_on_the_pod_ip_and_a_dual_stack_listener(pods, 
     assert delta["redirected_bytes"] >= 24
 
 
+def _settled_sweeper(r, queues=None) -> accel_sweep.Sweeper:
+    """A sweeper past what earlier tests left, its next tick due."""
+    sweeper = accel_sweep.Sweeper(r.maps_dir, queues)
+    sweeper.tick()
+    time.sleep(accel_sweep.TICK_S)
+    return sweeper
+
+
 def _ends_on_port(r, port: int) -> int:
     """How many socket ends of connections to or from `port` ma_accel_socks holds."""
     return _entries_on_port(r, maps.ACCEL_SOCKS, port)
@@ -597,8 +605,7 @@ def test_sweep_returns_a_one_way_senders_end_to_plain_tcp_and_loses_nothing(
     later the sender's end is out of the sockhash (plain TCP) while the reader has not read
     a byte yet, and the reader still gets all 8 MiB in order."""
     _, app, srv, _ = pods
-    sweeper = accel_sweep.Sweeper(accelerated.maps_dir)
-    sweeper.tick()  # settles whatever earlier tests left
+    sweeper = _settled_sweeper(accelerated)
     port = spec.outbound_port
     before = maps.accel_stats(accelerated.maps_dir)
     listener = _peer(
@@ -619,12 +626,13 @@ def test_sweep_returns_a_one_way_senders_end_to_plain_tcp_and_loses_nothing(
     assert delta["redirected_msgs"] == 0
 
 
-def test_sweep_leaves_ends_whose_peer_redirected_into_them(pods, spec, accelerated):
-    """Ping/pongs first: each end redirected into the other, so neither queue is known to
-    be empty and both ends stay in the sockhash (tcp_bpf's path) for their life."""
+def test_sweep_without_a_queue_reader_leaves_ends_whose_peer_redirected_into_them(
+    pods, spec, accelerated
+):
+    """Ping/pongs first: each end redirected into the other. Without reading their queues
+    neither is known to be empty, so both stay in the sockhash (tcp_bpf's path) for life."""
     _, app, srv, _ = pods
-    sweeper = accel_sweep.Sweeper(accelerated.maps_dir)
-    sweeper.tick()
+    sweeper = _settled_sweeper(accelerated)
     port = spec.outbound_port
     before = maps.accel_stats(accelerated.maps_dir)
     listener = _peer(app, "listen", "127.0.0.1", port, send=MIB8, recv=MIB8, chunk=65536, delay=1.0)
@@ -641,6 +649,52 @@ def test_sweep_leaves_ends_whose_peer_redirected_into_them(pods, spec, accelerat
     # closed: sockops dropped both ends' records (TCP_CLOSE), and they left the sockhash
     for name in (maps.ACCEL_SENT, maps.ACCEL_STATE, maps.ACCEL_SOCKS):
         _wait_for(lambda n=name: _entries_on_port(accelerated, n, port) == 0, f"{name} kept")
+
+
+def _queues(spec) -> accel_sweep.sockqueue.Queues:
+    place = accel_sweep.sockqueue.Place(netns=spec.netns, cgroup=spec.cgroup)
+    return accel_sweep.sockqueue.Queues(lambda: [place], list)
+
+
+def _client_end_in(r, port: int) -> bool:
+    """Whether the connecting end of a connection to `port` is in ma_accel_socks."""
+    with r.open_map(maps.ACCEL_SOCKS) as m:
+        return any(k.remote_port == port for k in m.key_list())
+
+
+@pytest.mark.skipif(not accel_sweep.sockqueue.supported(), reason="FIONREAD counts TCP only")
+def test_sweep_waits_until_redirected_bytes_are_read_then_returns_both_ends(
+    pods, spec, accelerated
+):
+    """The listener's 5-byte hello is redirected into the client's queue; the client sends
+    8 MiB (switched off at its first 64 KiB write) and reads the hello only after 1.5 s,
+    the listener its 8 MiB only after 3 s. Until 1.5 s the sweep leaves the client's end in
+    the sockhash (its queue is not empty: taking it out would drop the hello); once read,
+    the end goes. The listener's goes at once: the client never redirected into it."""
+    _, app, srv, _ = pods
+    sweeper = _settled_sweeper(accelerated, _queues(spec))
+    port = spec.outbound_port
+    before = maps.accel_stats(accelerated.maps_dir)
+    listener = _peer(
+        app, "listen", "127.0.0.1", port, send=5, recv=MIB8, chunk=5, delay=3.0, pings=0
+    )
+    client = _peer(app, "connect", srv.ip, 8080, send=MIB8, recv=5, chunk=65536, delay=1.5, pings=0)
+    _wait_for(lambda: _stats_delta(before, accelerated)["off_size"] == 1, "no switch-off")
+    started = time.monotonic()
+    for _ in range(3):
+        sweeper.tick()
+        time.sleep(accel_sweep.TICK_S)
+    assert time.monotonic() - started < 1.2  # the client has not read its hello yet
+    assert _client_end_in(accelerated, port)
+    assert _ends_on_port(accelerated, port) == 1  # the listener's end went
+    _wait_for(lambda: sweeper.tick() >= 0 and not _client_end_in(accelerated, port), "kept")
+    assert time.monotonic() - started < 2.8  # out before the listener read: not by a close
+    assert listener.poll() is None
+    assert _result(client) == (_pattern_digest(3, 5), 5)
+    assert _result(listener) == (_pattern_digest(1, MIB8), MIB8)
+    delta = _stats_delta(before, accelerated)
+    assert delta["redirected_bytes"] == 5
+    assert delta["returned"] == 2
 
 
 def _entries_on_port(r, name: str, port: int) -> int:

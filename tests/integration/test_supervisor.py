@@ -640,7 +640,7 @@ def test_ebpf_acceleration_returns_bulk_senders_to_plain_tcp_mid_stream(mesh: Me
     pods (the client app's end, the proxy's end towards the sink) switch off at their
     first big write; the agent's sweep takes both out of the sockhash while the stream
     runs, since neither peer had sent, and the sink still receives every byte in order."""
-    from agent.redirect import maps  # noqa: PLC0415 - bcc-free, but only for this test
+    from agent.redirect import maps, sockqueue  # noqa: PLC0415 - bcc-free, only here
 
     pin_root = Path(f"/sys/fs/bpf/meshagent-test-sweep-{os.getpid()}")
     a = mesh.pod("client", server=False)
@@ -668,7 +668,88 @@ def test_ebpf_acceleration_returns_bulk_senders_to_plain_tcp_mid_stream(mesh: Me
         assert int(sent.split()[1]) > 8 << 20
         stats = maps.accel_stats(pin_root / "maps")
         assert stats["off_size"] >= 2
-        assert stats["returned"] == 2, (stats, mesh.agent_log()[-3000:])
+        # the senders, then (where FIONREAD counts the sockmap queue) the readers, whose
+        # peers left the sockhash and whose queues were read empty
+        want = 4 if sockqueue.supported() else 2
+        assert stats["returned"] == want, (stats, mesh.agent_log()[-3000:])
+        assert mesh.stop() == 0
+    finally:
+        mesh.stop(signal.SIGKILL)
+        if pin_root.exists():
+            from agent.redirect.ebpf import EbpfRedirector  # noqa: PLC0415
+
+            EbpfRedirector(pin_root=pin_root, accelerate=False).uninstall()
+
+
+# A source in the web pod: reads one short request, then writes 64 KiB pieces of a pattern
+# for SECONDS and closes; prints the sha256 and length of what it wrote.
+SOURCE = """
+import hashlib, socket, sys, time
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("0.0.0.0", int(sys.argv[1])))
+ls.listen(1)
+print("ready", flush=True)
+s, _ = ls.accept()
+assert s.recv(64) == b"GET\\n"
+piece = bytes(i % 251 for i in range(65536 + 7))
+h, n, end = hashlib.sha256(), 0, time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    s.sendall(piece)
+    h.update(piece)
+    n += len(piece)
+s.close()
+print(h.hexdigest(), n, flush=True)
+"""
+# The client: a short request, then reads to the end; the sha256 and length of it.
+DOWNLOAD = """
+import hashlib, socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20)
+s.sendall(b"GET\\n")
+h, n = hashlib.sha256(), 0
+while part := s.recv(1 << 16):
+    h.update(part)
+    n += len(part)
+print(h.hexdigest(), n)
+"""
+
+
+def test_ebpf_acceleration_returns_a_downloads_ends_once_their_queues_are_read(
+    mesh: Mesh,
+) -> None:
+    """A request, then a 2 s download: every end redirected its first bytes (the request
+    both ways, the first piece of the answer), so the sweep takes an end out only when
+    FIONREAD on a copy of its socket says its queue of redirected bytes is empty. The
+    download's senders go back to plain TCP mid-stream, and every byte arrives in order."""
+    from agent.redirect import maps, sockqueue  # noqa: PLC0415 - bcc-free, only here
+
+    if not sockqueue.supported():
+        pytest.skip("this kernel's FIONREAD counts TCP's queue only")
+    pin_root = Path(f"/sys/fs/bpf/meshagent-test-sweep-{os.getpid()}")
+    a = mesh.pod("client", server=False)
+    b = mesh.pod("web")
+    try:
+        mesh.start(
+            "--redirect",
+            "ebpf",
+            env={"MESHAGENT_BPF_PIN_ROOT": str(pin_root), "MESHAGENT_EBPF_ACCEL": "1"},
+        )
+        mesh.wait_ready()
+        source = b.spawn(
+            [sys.executable, "-c", SOURCE, str(SINK_PORT), "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert source.stdout.readline().strip() == "ready", source.stderr.read()
+        out = a.run([sys.executable, "-c", DOWNLOAD, b.ip, str(SINK_PORT)], check=False, timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        wrote, _ = source.communicate(timeout=20)
+        assert out.stdout.strip() == wrote.strip()
+        assert int(wrote.split()[1]) > 8 << 20
+        stats = maps.accel_stats(pin_root / "maps")
+        assert stats["redirected_msgs"] >= 2  # the request, on both accelerated hops
+        assert stats["returned"] >= 2, (stats, mesh.agent_log()[-3000:])
         assert mesh.stop() == 0
     finally:
         mesh.stop(signal.SIGKILL)

@@ -352,3 +352,20 @@ def test_a_variant_is_paired_with_base_round_by_round():
         f"ring (MESHAGENT_IO_URING=on) / base: rps:meshagent-ebpf@{sat} = 1.15 "
         "(better in 2 of 2 rounds)" in lines
     )
+
+
+def test_accel_bulk_judges_the_download_too_when_it_ran():
+    rows = [
+        *_accel_rows(accel_gbps=15.0),
+        {"setup": "meshagent-ebpf", "load": "tcp-reverse", "gbps": 16.0},
+        {"setup": "meshagent-ebpf-accel", "load": "tcp-reverse", "gbps": 7.2},
+    ]
+    bulk = report.accel_summary(rows)["bulk"]
+    assert bulk["gbps_ratio"] == 0.938
+    assert bulk["reverse"]["gbps_ratio"] == 0.45
+    assert bulk["sane"] is False  # the download under the floor fails the whole
+    assert report.ratios(rows)["accel_gbps:meshagent-ebpf-accel/meshagent-ebpf@tcp-reverse"] == 0.45
+    line = report.document({}, rows, [])["notes"][-1]
+    assert "bulk FAILED (15.0 Gbit/s, 0.938x plain; reverse 7.2 Gbit/s, 0.45x plain)" in line
+    rows[-1]["gbps"] = 12.0
+    assert report.accel_summary(rows)["bulk"]["sane"] is True

@@ -1,0 +1,193 @@
+"""How many redirected bytes wait in an accelerated socket end's queue, read from outside.
+
+The socket may be any process's: the pod's app or one of the agent's workers.
+The agent finds it by its addresses and takes a copy of it from the process
+that holds it, then asks the kernel how much its sockmap queue holds.
+
+Rules:
+1. `supported()`: only a kernel whose tcp_bpf answers FIONREAD with the
+   bytes of the socket's sockmap queue (`tcp_bpf_ioctl` in /proc/kallsyms)
+   can be asked; elsewhere FIONREAD counts TCP's queue only, which says
+   nothing about redirected bytes, and `Queues.queued` is always None.
+2. The socket is found in three steps: its inode from the TCP table of its
+   network namespace (/proc/<pid>/net/tcp and tcp6, read through a process
+   of the pod: `tcp_table_inode`, pure), the process and fd holding that
+   inode (/proc/<pid>/fd of the pod's processes, then the workers'), a copy of
+   that fd (pidfd_getfd). The copy is used only if its socket cookie is the
+   one the sockhash holds, so a socket closed and replaced meanwhile is never
+   measured in its place.
+3. Anything not found or refused (the process gone, no permission) is None:
+   the caller cannot tell, and keeps the socket where it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import socket
+import struct
+import termios
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.redirect import ebpf_inspect
+from agent.redirect.netns import NetnsError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+Key = tuple[int, int, int, int, int]  # as agent.redirect.accel_sweep's
+
+KALLSYMS = Path("/proc/kallsyms")
+SO_COOKIE = 57  # <asm-generic/socket.h>
+_SYS_PIDFD_GETFD = 438  # x86_64 and the generic table alike
+_V4_MAPPED = "0000000000000000FFFF0000"
+
+
+def supported(kallsyms: Path = KALLSYMS) -> bool:
+    """Rule 1."""
+    try:
+        with kallsyms.open() as f:
+            return any(line.rstrip().endswith(" tcp_bpf_ioctl") for line in f)
+    except OSError:
+        return False
+
+
+def _hex_addr(ip: int, port: int, *, v6: bool) -> str:
+    """An address as /proc/net/tcp{,6} prints it: the IP's bytes as the kernel's u32 words
+    in host order (`ip` is already that u32), the port in host order."""
+    return f"{_V4_MAPPED if v6 else ''}{ip:08X}:{port:04X}"
+
+
+def tcp_table_inode(text: str, key: Key, *, v6: bool) -> int | None:
+    """The inode of the socket with `key`'s local and remote addresses in one TCP table's
+    text (/proc/net/tcp, or tcp6 for a v4-mapped socket); None if absent or 0 (a socket
+    already detached from its file)."""
+    _, local_ip, remote_ip, local_port, remote_port = key
+    local = _hex_addr(local_ip, local_port, v6=v6)
+    remote = _hex_addr(remote_ip, remote_port, v6=v6)
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 9 and fields[1] == local and fields[2] == remote:
+            inode = int(fields[9])
+            return inode or None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a pod's sockets live: its network namespace and its cgroup (its processes)."""
+
+    netns: Path
+    cgroup: Path | None
+
+
+class Queues:
+    """Rules 2 and 3 over the pods `places()` lists and the worker pids `workers()` gives."""
+
+    def __init__(
+        self,
+        places: Callable[[], Iterable[Place]],
+        workers: Callable[[], Iterable[int]],
+        *,
+        enabled: bool | None = None,
+    ) -> None:
+        self._places = places
+        self._workers = workers
+        self.enabled = supported() if enabled is None else enabled
+        self._cookies: dict[Path, int] = {}  # netns path -> its cookie
+
+    def queued(self, key: Key, cookie: int) -> int | None:
+        """Bytes in the sockmap queue of the socket end `key` whose cookie is `cookie`."""
+        if not self.enabled:
+            return None
+        place = self._place(key[0])
+        if place is None or place.cgroup is None:
+            return None
+        pids = _cgroup_pids(place.cgroup)
+        inode = _inode(pids, key)
+        if inode is None:
+            return None
+        for pid in (*pids, *self._workers()):
+            fd = _fd_of(pid, inode)
+            if fd is not None:
+                return _fionread(pid, fd, cookie)
+        return None
+
+    def _place(self, netns_cookie: int) -> Place | None:
+        for place in self._places():
+            cookie = self._cookies.get(place.netns)
+            if cookie is None:
+                try:
+                    cookie = ebpf_inspect.netns_cookie_of(place.netns)
+                except (NetnsError, OSError):
+                    continue
+                self._cookies[place.netns] = cookie
+            if cookie == netns_cookie:
+                return place
+        return None
+
+
+def _cgroup_pids(cgroup: Path) -> list[int]:
+    try:
+        return [int(x) for x in (cgroup / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _inode(pids: list[int], key: Key) -> int | None:
+    for pid in pids[:1]:  # any process of the pod sees the pod's tables
+        for name, v6 in (("tcp", False), ("tcp6", True)):
+            try:
+                text = Path(f"/proc/{pid}/net/{name}").read_text()
+            except OSError:
+                return None
+            inode = tcp_table_inode(text, key, v6=v6)
+            if inode is not None:
+                return inode
+    return None
+
+
+def _fd_of(pid: int, inode: int) -> int | None:
+    want = f"socket:[{inode}]"
+    try:
+        entries = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return None
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if str(entry.readlink()) == want:
+                return int(entry.name)
+    return None
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _fionread(pid: int, fd: int, cookie: int) -> int | None:
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        copy = _libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0)
+        if copy < 0:
+            return None
+        try:
+            sock = socket.socket(fileno=copy)
+        except OSError:
+            os.close(copy)
+            return None
+        with sock:
+            got = int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little")
+            if got != cookie:
+                return None
+            raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+            return int(struct.unpack("i", raw)[0])
+    except OSError:
+        return None
+    finally:
+        os.close(pidfd)

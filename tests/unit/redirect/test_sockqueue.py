@@ -1,0 +1,56 @@
+"""agent.redirect.sockqueue's pure parts: finding a socket's inode in a TCP table."""
+
+from __future__ import annotations
+
+from agent.redirect import sockqueue
+from agent.redirect.maps_abi import ip_be
+
+HEAD = (
+    "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
+    "  timeout inode\n"
+)
+TCP = HEAD + (
+    "   0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000"
+    "     0        0 111 1 0000000000000000 100 0 0 10 0\n"
+    "   1: 0100007F:102C 0100007F:9C40 01 00000000:00000000 00:00000000 00000000"
+    "     0        0 222 1 0000000000000000 20 4 30 10 -1\n"
+    "   2: 0100007F:9C40 0100007F:102C 01 00000000:00000000 00:00000000 00000000"
+    "     0        0 333 1 0000000000000000 20 4 30 10 -1\n"
+)
+TCP6 = HEAD + (
+    "   0: 0000000000000000FFFF00000A00000A:1F90 0000000000000000FFFF00000A00000A:A410 01"
+    " 00000000:00000000 00:00000000 00000000     0        0 444 1 0000000000000000 20 4 0 10 -1\n"
+)
+LO = ip_be("127.0.0.1")
+POD = ip_be("10.0.0.10")
+
+
+def test_a_socket_is_found_by_its_local_and_remote_address():
+    assert sockqueue.tcp_table_inode(TCP, (1, LO, LO, 40000, 4140), v6=False) == 333
+    assert sockqueue.tcp_table_inode(TCP, (1, LO, LO, 4140, 40000), v6=False) == 222
+    assert sockqueue.tcp_table_inode(TCP, (1, LO, LO, 4140, 40001), v6=False) is None
+
+
+def test_a_v4_mapped_socket_is_found_in_tcp6():
+    key = (1, POD, POD, 8080, 0xA410)
+    assert sockqueue.tcp_table_inode(TCP6, key, v6=True) == 444
+    assert sockqueue.tcp_table_inode(TCP, key, v6=False) is None
+
+
+def test_inode_zero_is_not_a_socket_to_copy():
+    text = TCP.replace(" 333 ", " 0 ")
+    assert sockqueue.tcp_table_inode(text, (1, LO, LO, 40000, 4140), v6=False) is None
+
+
+def test_support_is_read_from_the_kernels_symbols(tmp_path):
+    syms = tmp_path / "kallsyms"
+    syms.write_text("ffffffff820ee2f0 t tcp_bpf_ioctl\nffffffff820ee300 t tcp_bpf_recvmsg\n")
+    assert sockqueue.supported(syms)
+    syms.write_text("ffffffff820ee300 t tcp_bpf_recvmsg\nffffffff820ee2f0 t tcp_bpf_ioctl_x\n")
+    assert not sockqueue.supported(syms)
+    assert not sockqueue.supported(tmp_path / "missing")
+
+
+def test_queues_switched_off_answer_none_without_looking():
+    q = sockqueue.Queues(list, list, enabled=False)
+    assert q.queued((1, LO, LO, 40000, 4140), 7) is None
