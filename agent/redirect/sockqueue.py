@@ -118,7 +118,10 @@ class Queues:
         return None
 
     def _place(self, netns_cookie: int) -> Place | None:
-        for place in self._places():
+        places = list(self._places())
+        current = {p.netns for p in places}
+        self._cookies = {k: v for k, v in self._cookies.items() if k in current}  # pods gone
+        for place in places:
             cookie = self._cookies.get(place.netns)
             if cookie is None:
                 try:
@@ -132,10 +135,13 @@ class Queues:
 
 
 def _cgroup_pids(cgroup: Path) -> list[int]:
-    try:
-        return [int(x) for x in (cgroup / "cgroup.procs").read_text().split()]
-    except (OSError, ValueError):
-        return []
+    """The processes of the pod's cgroup and of every cgroup under it (a Kubernetes pod's
+    containers are child cgroups of the pod's)."""
+    pids: list[int] = []
+    for procs in (cgroup / "cgroup.procs", *sorted(cgroup.glob("**/*/cgroup.procs"))):
+        with contextlib.suppress(OSError, ValueError):
+            pids += [int(x) for x in procs.read_text().split()]
+    return pids
 
 
 def _inode(pids: list[int], key: Key) -> int | None:

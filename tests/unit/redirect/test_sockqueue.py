@@ -54,3 +54,12 @@ def test_support_is_read_from_the_kernels_symbols(tmp_path):
 def test_queues_switched_off_answer_none_without_looking():
     q = sockqueue.Queues(list, list, enabled=False)
     assert q.queued((1, LO, LO, 40000, 4140), 7) is None
+
+
+def test_a_pods_processes_include_those_of_its_child_cgroups(tmp_path):
+    (tmp_path / "cgroup.procs").write_text("")
+    for name, pids in (("ctr-a", "11\n12\n"), ("ctr-b/inner", "13\n")):
+        (tmp_path / name).mkdir(parents=True)
+        (tmp_path / name / "cgroup.procs").write_text(pids)
+    assert sorted(sockqueue._cgroup_pids(tmp_path)) == [11, 12, 13]
+    assert sockqueue._cgroup_pids(tmp_path / "missing") == []
