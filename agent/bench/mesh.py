@@ -379,16 +379,28 @@ class MeshPlane:
             pin_root=pin_root,
             log=log,
         )
-        within = ready_s()
-        deadline = time.monotonic() + within
-        url = f"http://127.0.0.1:{admin_port}/ready"
-        while _http_status(url) != 200:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                why = "exited" if proc.poll() is not None else f"not ready after {within}s"
-                agent.stop()
-                raise MeshError(f"node agent {name}", f"{why}: {_tail(log)}")
-            time.sleep(0.1)
+        try:
+            _wait_ready(agent, name)
+        except BaseException:  # also an interrupt while it starts: nobody else holds it yet
+            agent.stop()
+            raise
         return agent
+
+
+def _wait_ready(agent: NodeAgent, name: str) -> None:
+    """Until the agent's /ready answers 200.
+
+    Raises:
+        MeshError: it exited, or was not ready within `ready_s()`.
+    """
+    within = ready_s()
+    deadline = time.monotonic() + within
+    url = f"http://127.0.0.1:{agent.admin_port}/ready"
+    while _http_status(url) != 200:
+        if agent.proc.poll() is not None or time.monotonic() > deadline:
+            why = "exited" if agent.proc.poll() is not None else f"not ready after {within}s"
+            raise MeshError(f"node agent {name}", f"{why}: {_tail(agent.log)}")
+        time.sleep(0.1)
 
 
 def make_pod(lab: Lab, node: LabNode, role: str, *, ip: str | None = None) -> LabPod:

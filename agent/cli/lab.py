@@ -14,10 +14,16 @@ exit 1 when no sandbox is up or something could not be removed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+from typing import TYPE_CHECKING
 
 from agent.cli import add_verbs, emit, output_flag
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 # === sandbox ==================================================================
 
@@ -198,6 +204,22 @@ def _bad_flag(args: argparse.Namespace, why: str) -> tuple[str, str]:
     return "--setups/--loads", f"{args.setups},{args.loads}"
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt here, as Ctrl-C does, so the run's cleanup runs
+    (its node agents, HAProxy and load processes stopped, its lab removed); Python's
+    default for SIGTERM is to die on the spot and leave them all behind."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _bench(args: argparse.Namespace) -> int:
     import json  # noqa: PLC0415 - lazy, see module docstring
     from pathlib import Path  # noqa: PLC0415
@@ -223,7 +245,8 @@ def _bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SettingError(*_bad_flag(args, str(exc)), str(exc)) from None
     quiet = args.output == "json"
-    doc = harness.run(opts, progress=None if quiet else lambda m: print(f"  {m}", flush=True))
+    with _terminate_as_interrupt():
+        doc = harness.run(opts, progress=None if quiet else lambda m: print(f"  {m}", flush=True))
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
     if quiet:
