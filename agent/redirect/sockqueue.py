@@ -174,6 +174,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _fionread(pid: int, fd: int, cookie: int) -> int | None:
+    """FIONREAD on a copy of `pid`'s `fd`, if that socket's cookie is `cookie`. The copy is
+    used as a bare fd: a Python socket object over it could set O_NONBLOCK (a default
+    timeout) on the open file the app shares with it."""
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
@@ -183,17 +186,22 @@ def _fionread(pid: int, fd: int, cookie: int) -> int | None:
         if copy < 0:
             return None
         try:
-            sock = socket.socket(fileno=copy)
-        except OSError:
-            os.close(copy)
-            return None
-        with sock:
-            got = int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little")
-            if got != cookie:
+            if _socket_cookie(copy) != cookie:
                 return None
-            raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+            raw = fcntl.ioctl(copy, termios.FIONREAD, b"\0\0\0\0")
             return int(struct.unpack("i", raw)[0])
+        finally:
+            os.close(copy)
     except OSError:
         return None
     finally:
         os.close(pidfd)
+
+
+def _socket_cookie(fd: int) -> int | None:
+    value = ctypes.c_uint64(0)
+    size = ctypes.c_uint32(ctypes.sizeof(value))
+    ret = _libc.getsockopt(
+        fd, socket.SOL_SOCKET, SO_COOKIE, ctypes.byref(value), ctypes.byref(size)
+    )
+    return int(value.value) if ret == 0 else None
