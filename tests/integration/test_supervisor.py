@@ -551,16 +551,33 @@ def _echo_once(a, ip: str) -> bool:
         return sock.recv(16) == b"new"
 
 
+@contextlib.contextmanager
+def ebpf_agent(mesh: Mesh, name: str, *, accel: bool = False):
+    """The mesh's agent in eBPF mode on a pin root of its own (accelerated if `accel`),
+    yielding the pin root; whatever it leaves pinned is uninstalled, also on failure."""
+    pin_root = Path(f"/sys/fs/bpf/meshagent-test-{name}-{os.getpid()}")
+    env = {"MESHAGENT_BPF_PIN_ROOT": str(pin_root)}
+    if accel:
+        env["MESHAGENT_EBPF_ACCEL"] = "1"
+    try:
+        mesh.start("--redirect", "ebpf", env=env)
+        mesh.wait_ready()
+        yield pin_root
+    finally:
+        mesh.stop(signal.SIGKILL)
+        if pin_root.exists():
+            from agent.redirect.ebpf import EbpfRedirector  # noqa: PLC0415
+
+            EbpfRedirector(pin_root=pin_root, accelerate=False).uninstall()
+
+
 def test_ebpf_mode_carries_http_through_the_mesh_and_leaves_no_pin(mesh: Mesh) -> None:
     """`--redirect ebpf`: connect4 + getsockopt outbound, sk_lookup inbound, no iptables."""
-    pin_root = Path(f"/sys/fs/bpf/meshagent-test-sup-{os.getpid()}")
     a = mesh.pod("client")
     b = mesh.pod("web")
     outsider = mesh.pod("outsider", manifest=False, server=False)  # not meshed
     (mesh.manifests / "svc.yaml").write_text(service_yaml("web"))
-    try:
-        mesh.start("--redirect", "ebpf", env={"MESHAGENT_BPF_PIN_ROOT": str(pin_root)})
-        mesh.wait_ready()
+    with ebpf_agent(mesh, "sup") as pin_root:
         assert mesh.enrolled() == {"shop/client", "shop/web"}
         assert {p.name for p in (pin_root / "pods").iterdir()} == {"shop_client", "shop_web"}
         assert {p.name for p in (pin_root / "pods" / "shop_web").iterdir()} >= {
@@ -591,17 +608,13 @@ def test_ebpf_mode_carries_http_through_the_mesh_and_leaves_no_pin(mesh: Mesh) -
         assert b'meshagent_enrolled_pods{mode="ebpf"} 2' in metrics
         assert mesh.stop() == 0
         assert not pin_root.exists()  # --cleanup-on-exit uninstalls programs, maps, links
-    finally:
-        mesh.stop(signal.SIGKILL)
-        if pin_root.exists():
-            from agent.redirect.ebpf import EbpfRedirector  # noqa: PLC0415
-
-            EbpfRedirector(pin_root=pin_root, accelerate=False).uninstall()
 
 
-# A sink in the web pod: reads one connection to its end and answers the sha256 of it.
-SINK = """
-import hashlib, socket, sys
+# A server in the web pod for one connection. "sink": reads to the end, answers the sha256
+# and length of what it read. "source SECONDS": reads one short request, then writes
+# 64 KiB pieces of a pattern for SECONDS and closes; prints the sha256 and length of them.
+SERVE = """
+import hashlib, socket, sys, time
 ls = socket.socket()
 ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 ls.bind(("0.0.0.0", int(sys.argv[1])))
@@ -609,12 +622,36 @@ ls.listen(1)
 print("ready", flush=True)
 s, _ = ls.accept()
 h, n = hashlib.sha256(), 0
-while part := s.recv(1 << 16):
-    h.update(part)
-    n += len(part)
-s.sendall(f"{h.hexdigest()} {n}".encode())
+if sys.argv[2] == "sink":
+    while part := s.recv(1 << 16):
+        h.update(part)
+        n += len(part)
+    s.sendall(f"{h.hexdigest()} {n}".encode())
+else:
+    assert s.recv(64) == b"GET\\n"
+    piece = bytes(i % 251 for i in range(65536 + 7))
+    end = time.monotonic() + float(sys.argv[3])
+    while time.monotonic() < end:
+        s.sendall(piece)
+        h.update(piece)
+        n += len(piece)
 s.close()
+print(h.hexdigest(), n, flush=True)
 """
+
+
+def _serve(pod, *how: str) -> subprocess.Popen[str]:
+    """`SERVE` in `pod` on SINK_PORT, once it listens."""
+    proc = pod.spawn(
+        [sys.executable, "-c", SERVE, str(SINK_PORT), *how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    return proc
+
+
 # The client: writes 64 KiB pieces of a pattern for SECONDS, then the sha256 it sent and
 # what the sink answered.
 UPLOAD = """
@@ -642,23 +679,10 @@ def test_ebpf_acceleration_returns_bulk_senders_to_plain_tcp_mid_stream(mesh: Me
     runs, since neither peer had sent, and the sink still receives every byte in order."""
     from agent.redirect import maps, sockqueue  # noqa: PLC0415 - bcc-free, only here
 
-    pin_root = Path(f"/sys/fs/bpf/meshagent-test-sweep-{os.getpid()}")
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
-    try:
-        mesh.start(
-            "--redirect",
-            "ebpf",
-            env={"MESHAGENT_BPF_PIN_ROOT": str(pin_root), "MESHAGENT_EBPF_ACCEL": "1"},
-        )
-        mesh.wait_ready()
-        sink = b.spawn(
-            [sys.executable, "-c", SINK, str(SINK_PORT)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert sink.stdout.readline().strip() == "ready", sink.stderr.read()
+    with ebpf_agent(mesh, "sweep", accel=True) as pin_root:
+        _serve(b, "sink")
         out = a.run(
             [sys.executable, "-c", UPLOAD, b.ip, str(SINK_PORT), "2"], check=False, timeout=60
         )
@@ -673,34 +697,8 @@ def test_ebpf_acceleration_returns_bulk_senders_to_plain_tcp_mid_stream(mesh: Me
         want = 4 if sockqueue.supported() else 2
         assert stats["returned"] == want, (stats, mesh.agent_log()[-3000:])
         assert mesh.stop() == 0
-    finally:
-        mesh.stop(signal.SIGKILL)
-        if pin_root.exists():
-            from agent.redirect.ebpf import EbpfRedirector  # noqa: PLC0415
-
-            EbpfRedirector(pin_root=pin_root, accelerate=False).uninstall()
 
 
-# A source in the web pod: reads one short request, then writes 64 KiB pieces of a pattern
-# for SECONDS and closes; prints the sha256 and length of what it wrote.
-SOURCE = """
-import hashlib, socket, sys, time
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind(("0.0.0.0", int(sys.argv[1])))
-ls.listen(1)
-print("ready", flush=True)
-s, _ = ls.accept()
-assert s.recv(64) == b"GET\\n"
-piece = bytes(i % 251 for i in range(65536 + 7))
-h, n, end = hashlib.sha256(), 0, time.monotonic() + float(sys.argv[2])
-while time.monotonic() < end:
-    s.sendall(piece)
-    h.update(piece)
-    n += len(piece)
-s.close()
-print(h.hexdigest(), n, flush=True)
-"""
 # The client: a short request, then reads to the end; the sha256 and length of it.
 DOWNLOAD = """
 import hashlib, socket, sys
@@ -725,23 +723,10 @@ def test_ebpf_acceleration_returns_a_downloads_ends_once_their_queues_are_read(
 
     if not sockqueue.supported():
         pytest.skip("this kernel's FIONREAD counts TCP's queue only")
-    pin_root = Path(f"/sys/fs/bpf/meshagent-test-sweep-{os.getpid()}")
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
-    try:
-        mesh.start(
-            "--redirect",
-            "ebpf",
-            env={"MESHAGENT_BPF_PIN_ROOT": str(pin_root), "MESHAGENT_EBPF_ACCEL": "1"},
-        )
-        mesh.wait_ready()
-        source = b.spawn(
-            [sys.executable, "-c", SOURCE, str(SINK_PORT), "2"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert source.stdout.readline().strip() == "ready", source.stderr.read()
+    with ebpf_agent(mesh, "sweep", accel=True) as pin_root:
+        source = _serve(b, "source", "2")
         out = a.run([sys.executable, "-c", DOWNLOAD, b.ip, str(SINK_PORT)], check=False, timeout=60)
         assert out.returncode == 0, out.stderr[-2000:]
         wrote, _ = source.communicate(timeout=20)
@@ -751,9 +736,3 @@ def test_ebpf_acceleration_returns_a_downloads_ends_once_their_queues_are_read(
         assert stats["redirected_msgs"] >= 2  # the request, on both accelerated hops
         assert stats["returned"] >= 2, (stats, mesh.agent_log()[-3000:])
         assert mesh.stop() == 0
-    finally:
-        mesh.stop(signal.SIGKILL)
-        if pin_root.exists():
-            from agent.redirect.ebpf import EbpfRedirector  # noqa: PLC0415
-
-            EbpfRedirector(pin_root=pin_root, accelerate=False).uninstall()
