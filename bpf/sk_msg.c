@@ -68,18 +68,13 @@ static __always_inline int ma_switch_off(struct ma_sock_key *self, __u32 why)
 }
 
 MA_DEFINE_IP4_OF(ma_msg_ip4, struct sk_msg_md)
+MA_DEFINE_SOCK_KEY_OF(ma_msg_key, ma_msg_ip4, struct sk_msg_md)
 
 int ma_sk_msg(struct sk_msg_md *msg)
 {
-    __u32 local_ip = 0, remote_ip = 0;
-    if (!ma_msg_ip4(msg, &local_ip, &remote_ip))
-        return SK_PASS;
     struct ma_sock_key self = {};
-    self.netns = bpf_get_netns_cookie(msg);
-    self.local_ip = local_ip;
-    self.remote_ip = remote_ip;
-    self.local_port = msg->local_port;
-    self.remote_port = bpf_ntohl(msg->remote_port);
+    if (!ma_msg_key(msg, &self))
+        return SK_PASS;
     __u32 *state = ma_accel_state.lookup(&self);
     if (state && *state == MA_ACCEL_OFF) {
         ma_count(MA_STAT_PASSED, 1);

@@ -49,24 +49,19 @@ static __always_inline int ma_accel_local_pair(__u32 local_be, __u32 remote_be)
 }
 
 MA_DEFINE_IP4_OF(ma_sockops_ip4, struct bpf_sock_ops)
+MA_DEFINE_SOCK_KEY_OF(ma_sockops_key, ma_sockops_ip4, struct bpf_sock_ops)
 
 static __always_inline void ma_accel_record(struct bpf_sock_ops *skops, int active)
 {
-    __u32 local_ip = 0, remote_ip = 0;
-    if (!ma_sockops_ip4(skops, &local_ip, &remote_ip))
+    struct ma_sock_key key = {};
+    if (!ma_sockops_key(skops, &key))
         return;
-    if (!ma_accel_local_pair(local_ip, remote_ip))
+    if (!ma_accel_local_pair(key.local_ip, key.remote_ip))
         return;
-    __u64 netns = bpf_get_netns_cookie(skops);
+    __u64 netns = key.netns;
     struct ma_pod_config *cfg = ma_cfg_netns.lookup(&netns);
     if (!cfg || !(cfg->flags & MA_F_ACCEL))
         return;
-    struct ma_sock_key key = {};
-    key.netns = netns;
-    key.local_ip = local_ip;
-    key.remote_ip = remote_ip;
-    key.local_port = skops->local_port;
-    key.remote_port = bpf_ntohl(skops->remote_port);
     if (active) {
         __u32 mark = 0;
         struct bpf_sock *sk = skops->sk;
@@ -99,15 +94,9 @@ static __always_inline void ma_accel_closed(struct bpf_sock_ops *skops)
 {
     if (skops->args[1] != BPF_TCP_CLOSE)
         return;
-    __u32 local_ip = 0, remote_ip = 0;
-    if (!ma_sockops_ip4(skops, &local_ip, &remote_ip))
-        return;
     struct ma_sock_key key = {};
-    key.netns = bpf_get_netns_cookie(skops);
-    key.local_ip = local_ip;
-    key.remote_ip = remote_ip;
-    key.local_port = skops->local_port;
-    key.remote_port = bpf_ntohl(skops->remote_port);
+    if (!ma_sockops_key(skops, &key))
+        return;
     ma_accel_sent.delete(&key);
     ma_accel_state.delete(&key);
 }

@@ -249,4 +249,21 @@ static __always_inline int ma_should_redirect(const struct ma_pod_config *cfg, _
         return 1;                                                                          \
     }
 
+/* MA_DEFINE_SOCK_KEY_OF(name, ip4_of, ctx_type) defines `int name(ctx_type *c, struct
+ * ma_sock_key *k)`: the key of this socket end (its netns, IPv4 addresses by `ip4_of`,
+ * ports in host order), or 0 for a socket that is not IPv4 (or v4-mapped). */
+#define MA_DEFINE_SOCK_KEY_OF(name, ip4_of, ctx_type)                                       \
+    static __always_inline int name(ctx_type *c, struct ma_sock_key *k)                   \
+    {                                                                                      \
+        __u32 local = 0, remote = 0;                                                       \
+        if (!ip4_of(c, &local, &remote))                                                   \
+            return 0;                                                                      \
+        k->netns = bpf_get_netns_cookie(c);                                                \
+        k->local_ip = local;                                                               \
+        k->remote_ip = remote;                                                             \
+        k->local_port = c->local_port;                                                     \
+        k->remote_port = bpf_ntohl(c->remote_port);                                        \
+        return 1;                                                                          \
+    }
+
 #endif /* MESHAGENT_H */
