@@ -168,7 +168,6 @@ class Sweeper:
         self.maps_dir = maps_dir
         self.queues = queues
         self.sweep = Sweep()
-        self.returned = 0  # ends this sweeper took out
         self._seen_offs = 0  # no switch-off yet: nothing to read
         self._last = -TICK_S  # when the maps were last read
 
@@ -205,7 +204,6 @@ class Sweeper:
                 state.update(sock_key(k), ctypes.c_uint32(maps.ACCEL_OFF))
             taken = sum(socks.delete(sock_key(k)) for k in decision.remove)
         if taken:
-            self.returned += taken
             _add_returned(self.maps_dir, taken)
         return taken
 
