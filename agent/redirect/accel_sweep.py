@@ -55,7 +55,7 @@ TICK_S = 0.2  # the agent's sweep period; rule 1's two looks are at least this f
 QUEUE_TRIES = 25  # rule 2: looks at a non-empty queue before the end is left alone
 OFF_COUNTERS = ("off_size", "off_burst", "off_no_peer", "off_config", "off_full")
 
-Key = tuple[int, int, int, int, int]  # (netns, local ip, remote ip, local port, remote port)
+Key = sockqueue.Key  # (netns, local ip, remote ip, local port, remote port)
 
 
 def peer_of(key: Key) -> Key:
@@ -96,9 +96,10 @@ class Sweep:
         """Whether an end waits for another look."""
         return bool(self._first)
 
-    def wants_queue(self, cookie: int) -> bool:
-        """Whether the next look at this end needs its queue (`EndView.queued`)."""
-        return cookie in self._first
+    def wants_queue(self, end: EndView, peer: EndView) -> bool:
+        """Whether the next look at this end needs its queue (`EndView.queued`): it waits
+        for a look, and `_verdict`'s first case (a peer that never sent) does not apply."""
+        return end.cookie in self._first and not _never_sent(peer)
 
     def step(self, off: Iterable[Key], views: Mapping[Key, EndView]) -> Decision:
         """One tick over the switched-off ends `off`; `views` has each of them and its peer."""
@@ -126,11 +127,10 @@ class Sweep:
                     switch_off.append(peer_key)
                 continue
             verdict = self._verdict(c, peer, end)  # look 2 or later
-            if verdict is True:
-                remove.append(key)
+            if verdict is not None:
                 self._settle(c)
-            elif verdict is False:
-                self._settle(c)
+                if verdict:
+                    remove.append(key)
         self._first = {c: p for c, p in self._first.items() if c in live}
         self._tries = {c: n for c, n in self._tries.items() if c in live}
         self._settled &= live
@@ -138,7 +138,7 @@ class Sweep:
 
     def _verdict(self, c: int, peer: EndView, end: EndView) -> bool | None:
         """True: take it out; False: leave it for good; None: look again (rule 2)."""
-        if peer.cookie is not None and not peer.sent:
+        if _never_sent(peer):
             return True
         if end.queued is None:
             return False
@@ -151,6 +151,11 @@ class Sweep:
         self._settled.add(c)
         self._first.pop(c, None)
         self._tries.pop(c, None)
+
+
+def _never_sent(peer: EndView) -> bool:
+    """The peer is in the sockhash and never redirected: the end's queue is empty."""
+    return peer.cookie is not None and not peer.sent
 
 
 def key_of(c: maps.SockKeyC) -> Key:
@@ -210,10 +215,8 @@ class Sweeper:
     def _read_queue(self, key: Key, views: dict[Key, EndView]) -> None:
         """The end's queue, when its next look needs it: its peer sent, or is gone."""
         end, peer = views[key], views[peer_of(key)]
-        if self.queues is None or end.cookie is None or not self.sweep.wants_queue(end.cookie):
+        if self.queues is None or end.cookie is None or not self.sweep.wants_queue(end, peer):
             return
-        if peer.cookie is not None and not peer.sent:
-            return  # rule 2's first case decides without it
         queued = self.queues.queued(key, end.cookie)
         views[key] = dataclasses.replace(end, queued=queued)
 

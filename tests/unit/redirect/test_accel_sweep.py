@@ -64,8 +64,9 @@ def test_another_socket_on_the_peer_addresses_leaves_the_end_for_good():
 def test_a_peer_that_sent_needs_an_empty_queue():
     s = Sweep()
     assert s.step([X], {X: view(1, off=True), Y: view(2, sent=True)}).switch_off == (Y,)
-    assert s.wants_queue(1)
     peer = view(2, off=True, sent=True)
+    assert s.wants_queue(view(1, off=True), peer)
+    assert not s.wants_queue(view(1, off=True), view(2, off=True))  # never sent: no need
     assert s.step([X], {X: view(1, off=True, queued=5), Y: peer}).remove == ()
     assert s.waiting  # bytes waiting: its owner reads them, the sweep looks again
     assert s.step([X], {X: view(1, off=True, queued=0), Y: peer}).remove == (X,)
