@@ -19,8 +19,9 @@
  *
  * Before its first redirect an end is recorded in ma_accel_sent (an end that
  * cannot be recorded, the map being full, switches off): the agent takes a
- * switched-off end out of the sockhash, back to plain TCP, only when its peer
- * never redirected into it (agent/redirect/accel_sweep.py).
+ * switched-off end out of the sockhash, back to plain TCP, only when nothing
+ * redirected waits in its queue: its peer never redirected into it, or
+ * FIONREAD says the queue is empty (agent/redirect/accel_sweep.py).
  */
 #include "include/meshagent.h"
 

@@ -159,10 +159,10 @@ struct ma_sock_key {
  * receive queue. Written by sk_msg before each redirect (an end it cannot
  * record is switched off instead); deleted by sockops when the connection
  * reaches TCP_CLOSE; read by the agent, which takes a switched-off end out of
- * ma_accel_socks only while its peer has no record here: the end's own queue
- * of redirected bytes is then empty, and taking a socket out of the sockhash
- * frees that queue (agent/redirect/accel_sweep.py). A plain hash, not LRU: an
- * evicted record would let the agent drop bytes. */
+ * ma_accel_socks only when its queue of redirected bytes is empty (taking a
+ * socket out of the sockhash frees that queue): its peer has no record here,
+ * or FIONREAD on the socket says so (agent/redirect/accel_sweep.py). A plain
+ * hash, not LRU: an evicted record would let the agent drop bytes. */
 #define MA_MAP_ACCEL_SENT \
     BPF_TABLE_PINNED("hash", struct ma_sock_key, __u32, ma_accel_sent, MA_MAX_CONNS, \
                      MA_PIN_MAPS "/ma_accel_sent")

@@ -190,7 +190,11 @@ class Mesh:
         return json.loads(self.admin("/config_dump")[1])
 
     def wait_ready(self) -> None:
-        wait_for("/ready", lambda: self.admin("/ready")[0] == 200)
+        try:
+            wait_for("/ready", lambda: self.admin("/ready")[0] == 200)
+        except pytest.fail.Exception as exc:
+            exited = None if self.agent is None else self.agent.poll()
+            pytest.fail(f"{exc}; agent exit status {exited}; its log:\n{self.agent_log()[-3000:]}")
 
     def enrolled(self) -> set[str]:
         return {p["pod"] for p in self.dump()["pods"]}
@@ -681,7 +685,7 @@ def test_ebpf_acceleration_returns_bulk_senders_to_plain_tcp_mid_stream(mesh: Me
 
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
-    with ebpf_agent(mesh, "sweep", accel=True) as pin_root:
+    with ebpf_agent(mesh, "sweep-up", accel=True) as pin_root:
         _serve(b, "sink")
         out = a.run(
             [sys.executable, "-c", UPLOAD, b.ip, str(SINK_PORT), "2"], check=False, timeout=60
@@ -725,7 +729,7 @@ def test_ebpf_acceleration_returns_a_downloads_ends_once_their_queues_are_read(
         pytest.skip("this kernel's FIONREAD counts TCP's queue only")
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
-    with ebpf_agent(mesh, "sweep", accel=True) as pin_root:
+    with ebpf_agent(mesh, "sweep-down", accel=True) as pin_root:
         source = _serve(b, "source", "2")
         out = a.run([sys.executable, "-c", DOWNLOAD, b.ip, str(SINK_PORT)], check=False, timeout=60)
         assert out.returncode == 0, out.stderr[-2000:]
