@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import socket
+import time
 from typing import TYPE_CHECKING
 
 from agent import aio
@@ -43,6 +44,12 @@ def _pending(sock: socket.socket) -> bytes:
         return b""
 
 
+def _busy(batch: writes.WriteBatch) -> writes.WriteBatch:
+    """`batch` as a busy loop's: its next hold is held, not written at once (rule 8)."""
+    batch.last_n = uring.MIN_SENDS
+    return batch
+
+
 async def _transport(sock: socket.socket) -> asyncio.Transport:
     tr, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, sock=sock)
     return tr
@@ -53,7 +60,7 @@ def test_held_writes_leave_in_order_once_the_callbacks_of_the_batch_ran() -> Non
         with _pairs(2) as pairs:
             (a, a_peer), (b, b_peer) = pairs
             ta, tb = await _transport(a), await _transport(b)
-            batch = writes.batch_for(asyncio.get_running_loop())
+            batch = _busy(writes.batch_for(asyncio.get_running_loop()))
             batch.hold(ta, b"GET /1 ")
             batch.hold(tb, b"to b")
             batch.hold(ta, memoryview(b"GET /2"))
@@ -72,7 +79,7 @@ def test_flush_puts_what_is_held_before_a_direct_write() -> None:
     async def main() -> None:
         with _pairs(1) as [(a, peer)]:
             tr = await _transport(a)
-            batch = writes.batch_for(asyncio.get_running_loop())
+            batch = _busy(writes.batch_for(asyncio.get_running_loop()))
             batch.hold(tr, b"first ")
             batch.flush()  # what every other write of the HTTP/1 path does first
             tr.write(b"second")
@@ -92,7 +99,7 @@ def test_a_closed_or_failing_transport_loses_only_its_own_write(
         with _pairs(3) as pairs:
             (a, a_peer), (b, b_peer), (c, c_peer) = pairs
             closed, broken, fine = await _transport(a), await _transport(b), await _transport(c)
-            batch = writes.batch_for(asyncio.get_running_loop())
+            batch = _busy(writes.batch_for(asyncio.get_running_loop()))
             batch.hold(closed, b"to a")
             batch.hold(broken, b"to b")
             batch.hold(fine, b"to c")
@@ -120,7 +127,7 @@ async def _held_to_each(
     """A transport on each pair's first socket, `form % i` held for the i-th; the
     transports, the peers and the batch."""
     trs = [await _transport(ours) for ours, _ in pairs]
-    batch = writes.batch_for(asyncio.get_running_loop())
+    batch = _busy(writes.batch_for(asyncio.get_running_loop()))
     for i, tr in enumerate(trs):
         batch.hold(tr, form % i, lane=lane)
     return trs, [theirs for _, theirs in pairs], batch
@@ -181,6 +188,45 @@ def test_flush_writes_the_rest_of_a_lanes_parts_before_a_direct_write() -> None:
     aio.run(main())
 
 
+def test_an_idle_loop_writes_at_once_and_a_busy_one_holds() -> None:
+    async def main() -> None:
+        with _pairs(2) as pairs:
+            (a, a_peer), (b, b_peer) = pairs
+            ta, tb = await _transport(a), await _transport(b)
+            batch = writes.batch_for(asyncio.get_running_loop())
+            batch.last_n = 0
+            before = time.perf_counter_ns()
+            batch.wrote_at = before - 2 * writes.IDLE_NS
+            batch.hold(ta, b"first")  # nothing left for IDLE_NS: written here and then
+            assert _pending(a_peer) == b"first"
+            assert batch.items == []
+            assert batch.wrote_at >= before  # the write counts as the loop's last
+            batch.wrote_at += 10**12  # (a slow machine may take IDLE_NS between two lines)
+            batch.hold(tb, b"second")  # the loop just wrote: held to the batch's end
+            assert _pending(b_peer) == b""
+            await asyncio.sleep(0)
+            assert _pending(b_peer) == b"second"
+            # the last flush wrote MIN_SENDS writes: a busy loop holds, however long ago
+            for _ in range(uring.MIN_SENDS):
+                batch.hold(ta, b".")
+            batch.flush()
+            assert _pending(a_peer) == b"." * uring.MIN_SENDS
+            batch.wrote_at -= 2 * writes.IDLE_NS
+            batch.hold(ta, b"held")
+            assert _pending(a_peer) == b""
+            batch.flush()
+            assert batch.last_n == 1
+            batch.wrote_at -= 2 * writes.IDLE_NS
+            batch.hold(ta, b"lane", lane=True)  # a lane's responses are always held (rule 5)
+            assert _pending(a_peer) == b"held"
+            await asyncio.sleep(0)
+            assert _pending(a_peer) == b"lane"
+            ta.close()
+            tb.close()
+
+    aio.run(main())
+
+
 def test_each_loop_has_one_batch_which_goes_with_it() -> None:
     async def batch_of_this_loop() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
@@ -220,7 +266,7 @@ def test_a_flush_of_many_writes_goes_in_one_ring_call_and_each_connection_keeps_
     async def body() -> None:
         with tcp_pairs(n) as pairs:
             trs = [await _transport(ours) for ours, _ in pairs]
-            batch = writes.batch_for(asyncio.get_running_loop())
+            batch = _busy(writes.batch_for(asyncio.get_running_loop()))
             batch.hold(trs[0], b"first ")
             for i, tr in enumerate(trs):
                 batch.hold(tr, memoryview(b"to %d" % i) if i % 2 else b"to %d" % i)
@@ -253,7 +299,7 @@ def test_what_the_ring_did_not_take_its_transport_writes_before_anything_later(r
             (x, x_peer), others = pairs[0], pairs[1:]
             tx = await _transport(x)
             trs = [await _transport(ours) for ours, _ in others]
-            batch = writes.batch_for(asyncio.get_running_loop())
+            batch = _busy(writes.batch_for(asyncio.get_running_loop()))
             batch.hold(tx, big)
             for tr in trs[: n - 1]:
                 batch.hold(tr, b"1")
@@ -286,7 +332,7 @@ def test_without_a_ring_the_transports_write(run: Run) -> None:
     async def body() -> None:
         with tcp_pairs(n) as pairs:
             trs = [await _transport(ours) for ours, _ in pairs]
-            batch = writes.batch_for(asyncio.get_running_loop())
+            batch = _busy(writes.batch_for(asyncio.get_running_loop()))
             for i, tr in enumerate(trs):
                 batch.hold(tr, b"%d" % i)
             await asyncio.sleep(0)
@@ -314,7 +360,7 @@ def test_a_socket_number_is_asked_once_and_a_closed_transports_is_never_used_for
         loop = asyncio.get_running_loop()
         with tcp_pairs(n) as pairs, tcp_pairs(1) as later:
             trs = [await _transport(ours) for ours, _ in pairs]
-            batch = writes.batch_for(loop)
+            batch = _busy(writes.batch_for(loop))
             for tr in trs:
                 batch.hold(tr, b"one")
             await asyncio.sleep(0)
