@@ -95,7 +95,7 @@ class WriteBatch:
         self.fds: dict[Any, int] = {}  # transport -> its socket's number (rule 7)
         self._due = self.due  # bound once: made at every schedule, it cost a tenth of one
         self._opened = False
-        self.wrote_at = 0  # perf_counter_ns of the last flush or at-once write (rule 8)
+        self.wrote_at = 0  # perf_counter_ns of the last small flush or at-once write (rule 8)
         self.last_n = 0  # writes of the last flush (rule 8)
 
     def hold(
@@ -141,8 +141,9 @@ class WriteBatch:
         self.items = []
         self.lane = False
         self._write(items)
-        self.wrote_at = time.perf_counter_ns()
-        self.last_n = len(items)
+        self.last_n = n = len(items)
+        if n < MIN_SENDS:  # after a bigger flush `hold` does not read the time (rule 8)
+            self.wrote_at = time.perf_counter_ns()
 
     def _write(self, items: list[tuple[asyncio.WriteTransport, bytes | memoryview]]) -> None:
         if len(items) >= MIN_SENDS:
