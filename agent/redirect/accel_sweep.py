@@ -202,6 +202,8 @@ class Sweeper:
                 for k in (peer_of(key), key):
                     if k not in views:
                         views[k] = _view(k, state, socks, sent)
+            if self.queues is not None:
+                self.queues.look()  # sockqueue rule 4: tables read once per look
             for key in off:
                 self._read_queue(key, views)
             decision = self.sweep.step(off, views)

@@ -11,13 +11,19 @@ Rules:
    nothing about redirected bytes, and `Queues.queued` is always None.
 2. The socket is found in three steps: its inode from the TCP table of its
    network namespace (/proc/<pid>/net/tcp and tcp6, read through a process
-   of the pod: `tcp_table_inode`, pure), the process and fd holding that
+   of the pod: `tcp_table` and `table_inode`, pure), the process and fd holding that
    inode (/proc/<pid>/fd of the pod's processes, then the workers'), a copy of
    that fd (pidfd_getfd). The copy is used only if its socket cookie is the
    one the sockhash holds, so a socket closed and replaced meanwhile is never
    measured in its place.
 3. Anything not found or refused (the process gone, no permission) is None:
    the caller cannot tell, and keeps the socket where it is.
+4. One look (`Queues.look`, a sweep's) reads each TCP table and each process's
+   fd table once, however many ends it asks about: a pod's table and a worker's
+   fds grow with its connections, and a sweep may ask about many of them.
+   What a look keeps may go stale within it (a socket closed, its fd number
+   reused); rule 2's cookie check turns that into None, never into another
+   socket's queue.
 """
 
 from __future__ import annotations
@@ -62,19 +68,41 @@ def _hex_addr(ip: int, port: int, *, v6: bool) -> str:
     return f"{_V4_MAPPED if v6 else ''}{ip:08X}:{port:04X}"
 
 
-def tcp_table_inode(text: str, key: Key, *, v6: bool) -> int | None:
-    """The inode of the socket with `key`'s local and remote addresses in one TCP table's
-    text (/proc/net/tcp, or tcp6 for a v4-mapped socket); None if absent or 0 (a socket
-    already detached from its file)."""
-    _, local_ip, remote_ip, local_port, remote_port = key
-    local = _hex_addr(local_ip, local_port, v6=v6)
-    remote = _hex_addr(remote_ip, remote_port, v6=v6)
+TcpTable = dict[tuple[str, str], int]  # (local, remote) as the table prints them -> inode
+
+
+def tcp_table(text: str) -> TcpTable:
+    """One TCP table's text (/proc/net/tcp or tcp6) by address pair; sockets whose inode
+    is 0 (already detached from their file) are left out."""
+    table: TcpTable = {}
     for line in text.splitlines()[1:]:
         fields = line.split()
-        if len(fields) > 9 and fields[1] == local and fields[2] == remote:
-            inode = int(fields[9])
-            return inode or None
-    return None
+        if len(fields) > 9 and fields[9] != "0":
+            table[fields[1], fields[2]] = int(fields[9])
+    return table
+
+
+def table_inode(table: TcpTable, key: Key, *, v6: bool) -> int | None:
+    """The inode of the socket with `key`'s local and remote addresses in `table` (tcp6's
+    for a v4-mapped socket); None if absent."""
+    _, local_ip, remote_ip, local_port, remote_port = key
+    return table.get(
+        (_hex_addr(local_ip, local_port, v6=v6), _hex_addr(remote_ip, remote_port, v6=v6))
+    )
+
+
+def fd_table(pid: int) -> dict[int, int]:
+    """`pid`'s sockets: inode -> fd number (empty when the process is gone or hidden)."""
+    fds: dict[int, int] = {}
+    with contextlib.suppress(OSError), os.scandir(f"/proc/{pid}/fd") as it:
+        for entry in it:
+            try:
+                target = os.readlink(entry.path)  # noqa: PTH115 - once per fd: no Path each
+            except OSError:
+                continue  # closed meanwhile
+            if target.startswith("socket:["):
+                fds[int(target[8:-1])] = int(entry.name)
+    return fds
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +127,13 @@ class Queues:
         self._workers = workers
         self.enabled = supported() if enabled is None else enabled
         self._cookies: dict[Path, int] = {}  # netns path -> its cookie
+        self._tables: dict[tuple[int, str], TcpTable | None] = {}  # this look's (rule 4)
+        self._fds: dict[int, dict[int, int]] = {}  # this look's: pid -> inode -> fd
+
+    def look(self) -> None:
+        """Start a new look (rule 4): forget the tables the last one read."""
+        self._tables.clear()
+        self._fds.clear()
 
     def queued(self, key: Key, cookie: int) -> int | None:
         """Bytes in the sockmap queue of the socket end `key` whose cookie is `cookie`."""
@@ -108,14 +143,37 @@ class Queues:
         if place is None or place.cgroup is None:
             return None
         pids = _cgroup_pids(place.cgroup)
-        inode = _inode(pids, key)
+        inode = self._inode(pids, key)
         if inode is None:
             return None
         for pid in (*pids, *self._workers()):
-            fd = _fd_of(pid, inode)
+            fds = self._fds.get(pid)
+            if fds is None:
+                fds = self._fds[pid] = fd_table(pid)
+            fd = fds.get(inode)
             if fd is not None:
                 return _fionread(pid, fd, cookie)
         return None
+
+    def _inode(self, pids: list[int], key: Key) -> int | None:
+        for pid in pids[:1]:  # any process of the pod sees the pod's tables
+            for name, v6 in (("tcp", False), ("tcp6", True)):
+                table = self._table(pid, name)
+                if table is None:
+                    return None
+                inode = table_inode(table, key, v6=v6)
+                if inode is not None:
+                    return inode
+        return None
+
+    def _table(self, pid: int, name: str) -> TcpTable | None:
+        if (pid, name) not in self._tables:
+            try:
+                text: str | None = Path(f"/proc/{pid}/net/{name}").read_text()
+            except OSError:
+                text = None
+            self._tables[pid, name] = None if text is None else tcp_table(text)
+        return self._tables[pid, name]
 
     def _place(self, netns_cookie: int) -> Place | None:
         places = list(self._places())
@@ -142,32 +200,6 @@ def _cgroup_pids(cgroup: Path) -> list[int]:
         with contextlib.suppress(OSError, ValueError):
             pids += [int(x) for x in procs.read_text().split()]
     return pids
-
-
-def _inode(pids: list[int], key: Key) -> int | None:
-    for pid in pids[:1]:  # any process of the pod sees the pod's tables
-        for name, v6 in (("tcp", False), ("tcp6", True)):
-            try:
-                text = Path(f"/proc/{pid}/net/{name}").read_text()
-            except OSError:
-                return None
-            inode = tcp_table_inode(text, key, v6=v6)
-            if inode is not None:
-                return inode
-    return None
-
-
-def _fd_of(pid: int, inode: int) -> int | None:
-    want = f"socket:[{inode}]"
-    try:
-        entries = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return None
-    for entry in entries:
-        with contextlib.suppress(OSError):
-            if str(entry.readlink()) == want:
-                return int(entry.name)
-    return None
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

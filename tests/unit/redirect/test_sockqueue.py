@@ -1,6 +1,11 @@
-"""agent.redirect.sockqueue's pure parts: finding a socket's inode in a TCP table."""
+"""agent.redirect.sockqueue's parts that need no pod: finding a socket's inode in a TCP table,
+and its fd in a process's fd table."""
 
 from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
 
 from agent.redirect import sockqueue
 from agent.redirect.maps_abi import ip_be
@@ -25,21 +30,35 @@ LO = ip_be("127.0.0.1")
 POD = ip_be("10.0.0.10")
 
 
+def _inode(text: str, key: sockqueue.Key, *, v6: bool) -> int | None:
+    return sockqueue.table_inode(sockqueue.tcp_table(text), key, v6=v6)
+
+
 def test_a_socket_is_found_by_its_local_and_remote_address():
-    assert sockqueue.tcp_table_inode(TCP, (1, LO, LO, 40000, 4140), v6=False) == 333
-    assert sockqueue.tcp_table_inode(TCP, (1, LO, LO, 4140, 40000), v6=False) == 222
-    assert sockqueue.tcp_table_inode(TCP, (1, LO, LO, 4140, 40001), v6=False) is None
+    assert _inode(TCP, (1, LO, LO, 40000, 4140), v6=False) == 333
+    assert _inode(TCP, (1, LO, LO, 4140, 40000), v6=False) == 222
+    assert _inode(TCP, (1, LO, LO, 4140, 40001), v6=False) is None
 
 
 def test_a_v4_mapped_socket_is_found_in_tcp6():
     key = (1, POD, POD, 8080, 0xA410)
-    assert sockqueue.tcp_table_inode(TCP6, key, v6=True) == 444
-    assert sockqueue.tcp_table_inode(TCP, key, v6=False) is None
+    assert _inode(TCP6, key, v6=True) == 444
+    assert _inode(TCP, key, v6=False) is None
 
 
 def test_inode_zero_is_not_a_socket_to_copy():
     text = TCP.replace(" 333 ", " 0 ")
-    assert sockqueue.tcp_table_inode(text, (1, LO, LO, 40000, 4140), v6=False) is None
+    assert _inode(text, (1, LO, LO, 40000, 4140), v6=False) is None
+
+
+def test_a_process_fd_table_maps_its_sockets_inodes_to_their_fds():
+    with socket.socket() as a, socket.socket(socket.AF_UNIX) as b:
+        fds = sockqueue.fd_table(os.getpid())
+        for s in (a, b):
+            assert fds[os.fstat(s.fileno()).st_ino] == s.fileno()
+        with Path(os.devnull).open() as f:  # not a socket: not in the table
+            assert f.fileno() not in sockqueue.fd_table(os.getpid()).values()
+    assert sockqueue.fd_table(2**22 + 1) == {}  # no such process
 
 
 def test_support_is_read_from_the_kernels_symbols(tmp_path):
