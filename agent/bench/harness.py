@@ -351,6 +351,8 @@ def _row(target: Target, load: str, m: loads.Measured, cpu_s: float) -> dict[str
         "hops": target.hops,
         "mtls": target.mtls,
     }
+    if m.error_kinds:
+        row["error_kinds"] = dict(m.error_kinds)
     if target.roots and m.requests:
         row["cpu_s_per_req"] = cpu_s / m.requests
     if target.roots and m.bytes:

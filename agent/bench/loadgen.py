@@ -3,7 +3,8 @@
 `python -m agent.bench.loadgen --target IP:PORT --mode rate --rate R
 --connections C --duration S` runs inside the client pod (started with
 `LabPod.spawn`, so its CPU is not the proxy's) and prints one JSON object:
-`{"requests", "errors", "elapsed_s", "hist"}` (hist: `agent.bench.hist`).
+`{"requests", "errors", "error_kinds", "elapsed_s", "hist"}` (hist:
+`agent.bench.hist`; error_kinds: what each error was, counted, rule 4).
 
 Rules:
 1. `rate`: request i is due at `t0 + i/R`; connection k of C keep-alive
@@ -20,6 +21,9 @@ Rules:
    With C=1 that is the bare request/response latency of the path.
 3. The run stops itself after `--duration` seconds (plus at most one response
    timeout); nothing is recorded during `--warmup`.
+4. Every error is counted under its kind (`error_kind`): `status N` for a 5xx
+   response, `unsent` for requests a stalled connection never sent before the
+   end, else the exception's type and message (the connection failed).
 """
 
 from __future__ import annotations
@@ -98,13 +102,18 @@ class Run:
         self.hist = Histogram()
         self.requests = 0
         self.errors = 0
+        self.kinds: dict[str, int] = {}  # rule 4
         self.record_from = 0  # perf ns; earlier completions are warm-up
+
+    def fail(self, kind: str, n: int = 1) -> None:
+        self.errors += n
+        self.kinds[kind] = self.kinds.get(kind, 0) + n
 
     def done(self, due_ns: int, sent_ns: int, done_ns: int, status: int) -> None:
         if done_ns < self.record_from:
             return
         if status >= 500 or status == 0:
-            self.errors += 1
+            self.fail(f"status {status}")
             return
         self.requests += 1
         self.hist.record((done_ns - min(due_ns, sent_ns)) // 1000)
@@ -113,6 +122,7 @@ class Run:
         return {
             "requests": self.requests,
             "errors": self.errors,
+            "error_kinds": self.kinds,
             "elapsed_s": elapsed_s,
             "hist": self.hist.to_dict(),
         }
@@ -133,7 +143,7 @@ async def _rate_conn(  # noqa: PLR0913, PLR0917 - one connection's share of the 
     while due < end_ns:
         now = time.perf_counter_ns()
         if now > end_ns:
-            run.errors += (end_ns - due) // step_ns + 1  # never sent: the target stalled
+            run.fail("unsent", (end_ns - due) // step_ns + 1)  # the target stalled
             break
         if due - now > EARLY_S * 1e9:
             await asyncio.sleep((due - now) / 1e9 - EARLY_S)
@@ -153,12 +163,18 @@ async def _exchange(  # noqa: PLR0913 - one request's facts
         sent = time.perf_counter_ns()
         done = await client.ask(req)
         run.done(sent if due_ns is None else due_ns, sent, done, client.status)
-    except (OSError, TimeoutError, httptools.HttpParserError):
-        run.errors += 1
+    except (OSError, TimeoutError, httptools.HttpParserError) as exc:
+        run.fail(error_kind(exc))
         if client is not None and client.transport is not None:
             client.transport.abort()
         return None
     return client
+
+
+def error_kind(exc: BaseException) -> str:
+    """Rule 4: a failed exchange's kind (its exception's type and message, shortened)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}"[:80] if text else type(exc).__name__
 
 
 def _close(client: _Client | None) -> None:
@@ -200,8 +216,8 @@ async def _conn_loop(run: Run, host: str, port: int, req: bytes, end_ns: int) ->
                 run.done(start, start, done, client.status)
             finally:
                 transport.close()
-        except (OSError, TimeoutError, httptools.HttpParserError):
-            run.errors += 1
+        except (OSError, TimeoutError, httptools.HttpParserError) as exc:
+            run.fail(error_kind(exc))
             await asyncio.sleep(0.01)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent.bench.hist import Histogram
@@ -51,6 +51,7 @@ class Measured:
 
     requests: int = 0
     errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)  # what the errors were, if known
     elapsed_s: float = 0.0
     bytes: int = 0
     p50_ms: float | None = None
@@ -76,6 +77,7 @@ def from_loadgen(text: str) -> Measured:
     return Measured(
         requests=int(data["requests"]),
         errors=int(data["errors"]),
+        error_kinds={str(k): int(v) for k, v in data.get("error_kinds", {}).items()},
         elapsed_s=float(data["elapsed_s"]),
         p50_ms=hist.percentile(50) / 1000,
         p99_ms=hist.percentile(99) / 1000,

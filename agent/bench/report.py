@@ -356,6 +356,12 @@ def combine(rows: Sequence[Row]) -> list[Row]:
             row[key] = statistics.median(values) if values else None
         for key in ("requests", "errors"):
             row[key] = sum(r.get(key) or 0 for r in good)
+        kinds: dict[str, int] = {}
+        for r in good:
+            for kind, n in (r.get("error_kinds") or {}).items():
+                kinds[kind] = kinds.get(kind, 0) + n
+        if kinds:
+            row["error_kinds"] = kinds
         cpus = [r["idle_pct_cpus"] for r in good if r.get("idle_pct_cpus")]
         if cpus and len({len(c) for c in cpus}) == 1:
             row["idle_pct_cpus"] = [statistics.median(col) for col in zip(*cpus, strict=True)]
@@ -479,6 +485,9 @@ def table_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
             row[c] = "" if v is None else (round(v, 3) if isinstance(v, float) else v)
         if r.get("error"):
             row["errors"] = f"{row['errors']} {r['error'][:60]}".strip()
+        elif r.get("error_kinds"):
+            kinds = ", ".join(f"{k} x{n}" for k, n in r["error_kinds"].items())
+            row["errors"] = f"{row['errors']} ({kinds})"[:120]
         out.append(row)
     return out
 

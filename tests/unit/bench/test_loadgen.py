@@ -1,4 +1,5 @@
-"""The load generator's closed-loop `rr` mode against a real HTTP server on 127.0.0.1."""
+"""The load generator's closed-loop `rr` mode and its error kinds against a real HTTP server on
+127.0.0.1."""
 
 from __future__ import annotations
 
@@ -46,3 +47,32 @@ async def test_rr_counts_a_refused_connection_as_an_error():
     out = await loadgen.run_rr("127.0.0.1", port, connections=1, duration=0.05)
     assert out["requests"] == 0
     assert out["errors"] >= 1
+
+
+async def test_errors_are_counted_by_kind_a_5xx_and_a_connection_closed_mid_exchange():
+    """The server answers its first request with 503 and closes the second connection
+    without answering: each error is counted under its own kind (rule 4)."""
+    seen: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            seen.append(1)
+            if len(seen) == 1:
+                writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+                await reader.readuntil(b"\r\n\r\n")  # the next request: closed unanswered
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        out = await loadgen.run_rr("127.0.0.1", port, connections=1, duration=0.1)
+    kinds = out["error_kinds"]
+    assert kinds["status 503"] == 1
+    assert kinds["ConnectionError: closed by peer"] >= 1
+    assert sum(kinds.values()) == out["errors"]
+    assert out["requests"] == 0

@@ -154,6 +154,21 @@ def test_table_rows_blank_missing_values_and_show_errors():
     assert rows[0]["gbps"] == ""
 
 
+def test_error_kinds_add_up_over_rounds_and_show_in_the_table():
+    load = "http1-rate-2000"
+    rows = [
+        {"setup": "s", "load": load, "rps": 2000.0, "errors": 2, "error_kinds": {"unsent": 2}},
+        {"setup": "s", "load": load, "rps": 2000.0, "errors": 0},
+        {"setup": "s", "load": load, "rps": 1999.0, "errors": 4,
+         "error_kinds": {"unsent": 1, "status 502": 3}},
+    ]  # fmt: skip
+    (row,) = report.combine(rows)
+    assert row["errors"] == 6
+    assert row["error_kinds"] == {"unsent": 3, "status 502": 3}
+    (shown,) = report.table_rows(report.document({}, [row], []))
+    assert shown["errors"] == "6 (unsent x3, status 502 x3)"
+
+
 # --- sockmap acceleration (meshagent-ebpf-accel over meshagent-ebpf) --------------------
 
 
