@@ -53,6 +53,21 @@ if TYPE_CHECKING:
 READ_CHUNK: Final = 16 * 1024
 
 
+def _decrypt(read: Callable[[int], bytes]) -> bytes | None:
+    """One read of plaintext: its bytes; b"" at the end of the stream (close_notify, or the
+    raw EOF without one); None when no whole record is left to decrypt.
+
+    Raises:
+        ssl.SSLError, OSError: the stream is broken.
+    """
+    try:
+        return read(READ_CHUNK)
+    except ssl.SSLWantReadError:
+        return None
+    except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+        return b""
+
+
 class TlsHandshakeError(AgentError):
     """The TLS handshake failed (bad certificate, no certificate, wrong protocol...)."""
 
@@ -220,14 +235,12 @@ class TlsTransport(asyncio.Transport):
                     break
                 continue
             try:
-                data = read(READ_CHUNK)
-            except ssl.SSLWantReadError:
-                break
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                data = b""  # close_notify, or the raw EOF without one: end of stream
+                data = _decrypt(read)
             except (ssl.SSLError, OSError):
                 self.abort()
                 return
+            if data is None:
+                break
             if not data:
                 self._peer_ended(proto)
                 break
@@ -271,13 +284,11 @@ class TlsTransport(asyncio.Transport):
         read = self._ssl_read
         while not ahead or ahead[-1]:
             try:
-                data = read(READ_CHUNK)
-            except ssl.SSLWantReadError:
-                break
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                data = b""
+                data = _decrypt(read)
             except (ssl.SSLError, OSError):
                 ahead.append(None)
+                break
+            if data is None:
                 break
             ahead.append(data)
         if ahead:
