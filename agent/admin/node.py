@@ -260,19 +260,26 @@ class NodeMetrics:
 
 
 async def measure_loop_lag(
-    report: Callable[[float], None], *, interval_s: float = 0.1, window_s: float = 1.0
+    report: Callable[[float], None],
+    *,
+    interval_s: float = 0.1,
+    window_s: float = 1.0,
+    busy: Callable[[], bool] | None = None,
 ) -> None:
     """Forever: sleep `interval_s`, measure how late the loop woke us, and call
-    `report(max lag in seconds)` once per `window_s`. Start with `agent.aio.spawn`;
+    `report(max lag in seconds)` once per `window_s`. While `busy()` says False (a worker
+    with no connection) it sleeps a whole window instead: an idle process is not woken
+    ten times a second to learn that nothing kept it. Start with `agent.aio.spawn`;
     stops when cancelled.
     """
     loop = asyncio.get_running_loop()
     worst = 0.0
     window_start = loop.time()
     while True:
+        nap = interval_s if busy is None or busy() else window_s
         before = time.monotonic()
-        await asyncio.sleep(interval_s)
-        lag = max(time.monotonic() - before - interval_s, 0.0)
+        await asyncio.sleep(nap)
+        lag = max(time.monotonic() - before - nap, 0.0)
         worst = max(worst, lag)
         if loop.time() - window_start >= window_s:
             report(worst)

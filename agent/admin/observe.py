@@ -32,8 +32,8 @@ Rules:
    become events in a bounded ring (`agent.admin.tapping`; the oldest are
    dropped and counted), flushed as `TapEvents` `TAP_FLUSH_S` after the first
    event entered an empty ring, and with each report; traffic never waits. An idle
-   worker wakes once per `REPORT_S` for the reports (and per the loop-lag probe's
-   interval), not to look for tap events.
+   worker (no connection) wakes once per `REPORT_S` for the reports and once per the
+   loop-lag probe's window, not to look for tap events.
 6. The taps are read from the worker's state (`WorkerState`, agent.proxy.wstate)
    only when its `generation` moved (`taps_now`), for bound and unbound calls alike:
    when the state was interpreted, each h2 response called `WorkerState.get` (found
@@ -376,7 +376,11 @@ class Observer(Tapping):
 
     async def run(self) -> None:
         """Forever: a report every `REPORT_S`; tap events are flushed when they come."""
-        lag = aio.spawn(measure_loop_lag(self.m.set_loop_lag), name="loop-lag")
+        worker = self.worker
+        lag = aio.spawn(
+            measure_loop_lag(self.m.set_loop_lag, busy=lambda: bool(worker.conns)),
+            name="loop-lag",
+        )
         self._loop = asyncio.get_running_loop()
         try:
             while True:

@@ -113,3 +113,25 @@ async def test_loop_lag_reports_a_blocked_loop():
     finally:
         await aio.cancel_and_wait([task])
     assert max(seen) >= 0.15
+
+
+async def test_an_idle_loop_is_probed_once_per_window_a_busy_one_each_interval():
+    """`busy()` is asked once per wake-up: 0.3 s with 0.01 s intervals and 0.1 s windows
+    wake an idle loop about 3 times and a busy one about 30 times."""
+    for is_busy, low, high in ((False, 2, 5), (True, 15, 31)):
+        asked: list[bool] = []
+
+        def busy(answer: bool = is_busy, asked: list[bool] = asked) -> bool:
+            asked.append(answer)
+            return answer
+
+        seen: list[float] = []
+        task = aio.spawn(
+            measure_loop_lag(seen.append, interval_s=0.01, window_s=0.1, busy=busy), name="lag"
+        )
+        try:
+            await asyncio.sleep(0.3)
+        finally:
+            await aio.cancel_and_wait([task])
+        assert low <= len(asked) <= high, (is_busy, len(asked))
+        assert 1 <= len(seen) <= 4  # a report per window either way
