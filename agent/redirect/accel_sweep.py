@@ -202,10 +202,9 @@ class Sweeper:
                 for k in (peer_of(key), key):
                     if k not in views:
                         views[k] = _view(k, state, socks, sent)
-            if self.queues is not None:
-                self.queues.look()  # sockqueue rule 4: tables read once per look
+            look = None if self.queues is None else self.queues.look()  # sockqueue rule 4
             for key in off:
-                self._read_queue(key, views)
+                _read_queue(self.sweep, look, key, views)
             decision = self.sweep.step(off, views)
             for k in decision.switch_off:
                 state.update(sock_key(k), ctypes.c_uint32(maps.ACCEL_OFF))
@@ -214,13 +213,15 @@ class Sweeper:
             _add_returned(self.maps_dir, taken)
         return taken
 
-    def _read_queue(self, key: Key, views: dict[Key, EndView]) -> None:
-        """The end's queue, when its next look needs it: its peer sent, or is gone."""
-        end, peer = views[key], views[peer_of(key)]
-        if self.queues is None or end.cookie is None or not self.sweep.wants_queue(end, peer):
-            return
-        queued = self.queues.queued(key, end.cookie)
-        views[key] = dataclasses.replace(end, queued=queued)
+
+def _read_queue(
+    sweep: Sweep, look: sockqueue.Look | None, key: Key, views: dict[Key, EndView]
+) -> None:
+    """The end's queue, when its next look needs it: its peer sent, or is gone."""
+    end, peer = views[key], views[peer_of(key)]
+    if look is None or end.cookie is None or not sweep.wants_queue(end, peer):
+        return
+    views[key] = dataclasses.replace(end, queued=look.queued(key, end.cookie))
 
 
 def _view(key: Key, state: maps.PinnedMap, socks: maps.PinnedMap, sent: maps.PinnedMap) -> EndView:

@@ -18,9 +18,10 @@ Rules:
    measured in its place.
 3. Anything not found or refused (the process gone, no permission) is None:
    the caller cannot tell, and keeps the socket where it is.
-4. One look (`Queues.look`, a sweep's) reads each TCP table and each process's
-   fd table once, however many ends it asks about: a pod's table and a worker's
-   fds grow with its connections, and a sweep may ask about many of them.
+4. A sweep asks through one `Look` (`Queues.look()`), which reads the pods'
+   processes, the workers, each TCP table and each process's fd table once,
+   however many ends it asks about: a pod's table and a worker's fds grow with
+   its connections, and a sweep may ask about many of them.
    What a look keeps may go stale within it (a socket closed, its fd number
    reused); rule 2's cookie check turns that into None, never into another
    socket's queue.
@@ -114,7 +115,8 @@ class Place:
 
 
 class Queues:
-    """Rules 2 and 3 over the pods `places()` lists and the worker pids `workers()` gives."""
+    """Rules 2 and 3 over the pods `places()` lists and the worker pids `workers()` gives;
+    each sweep asks through a `look()` of its own (rule 4)."""
 
     def __init__(
         self,
@@ -126,27 +128,63 @@ class Queues:
         self._places = places
         self._workers = workers
         self.enabled = supported() if enabled is None else enabled
-        self._cookies: dict[Path, int] = {}  # netns path -> its cookie
-        self._tables: dict[tuple[int, str], TcpTable | None] = {}  # this look's (rule 4)
-        self._fds: dict[int, dict[int, int]] = {}  # this look's: pid -> inode -> fd
+        self._cookies: dict[Path, int] = {}  # netns path -> its cookie, across looks
 
-    def look(self) -> None:
-        """Start a new look (rule 4): forget the tables the last one read."""
-        self._tables.clear()
-        self._fds.clear()
+    def look(self) -> Look:
+        """A new look (rule 4): it reads what it needs once, when first asked."""
+        return Look(self)
+
+    def worker_pids(self) -> tuple[int, ...]:
+        return tuple(self._workers())
+
+    def place_of(self, netns_cookie: int) -> Place | None:
+        """The pod whose network namespace has `netns_cookie` (cookies kept across looks)."""
+        places = list(self._places())
+        current = {p.netns for p in places}
+        self._cookies = {k: v for k, v in self._cookies.items() if k in current}  # pods gone
+        for place in places:
+            cookie = self._cookies.get(place.netns)
+            if cookie is None:
+                try:
+                    cookie = ebpf_inspect.netns_cookie_of(place.netns)
+                except (NetnsError, OSError):
+                    continue
+                self._cookies[place.netns] = cookie
+            if cookie == netns_cookie:
+                return place
+        return None
+
+
+class Look:
+    """One look's questions (rule 4): the pods' processes, the workers, each TCP table and
+    each process's fd table are read once, at their first use."""
+
+    def __init__(self, queues: Queues) -> None:
+        self._queues = queues
+        self._places: dict[int, Place | None] = {}  # netns cookie -> the pod's place
+        self._pids: dict[Path, list[int]] = {}  # cgroup -> its processes
+        self._workers: tuple[int, ...] | None = None
+        self._tables: dict[tuple[int, str], TcpTable | None] = {}
+        self._fds: dict[int, dict[int, int]] = {}  # pid -> inode -> fd
 
     def queued(self, key: Key, cookie: int) -> int | None:
         """Bytes in the sockmap queue of the socket end `key` whose cookie is `cookie`."""
-        if not self.enabled:
+        if not self._queues.enabled:
             return None
-        place = self._place(key[0])
+        if key[0] not in self._places:
+            self._places[key[0]] = self._queues.place_of(key[0])
+        place = self._places[key[0]]
         if place is None or place.cgroup is None:
             return None
-        pids = _cgroup_pids(place.cgroup)
+        pids = self._pids.get(place.cgroup)
+        if pids is None:
+            pids = self._pids[place.cgroup] = _cgroup_pids(place.cgroup)
         inode = self._inode(pids, key)
         if inode is None:
             return None
-        for pid in (*pids, *self._workers()):
+        if self._workers is None:
+            self._workers = self._queues.worker_pids()
+        for pid in (*pids, *self._workers):
             fds = self._fds.get(pid)
             if fds is None:
                 fds = self._fds[pid] = fd_table(pid)
@@ -174,22 +212,6 @@ class Queues:
                 text = None
             self._tables[pid, name] = None if text is None else tcp_table(text)
         return self._tables[pid, name]
-
-    def _place(self, netns_cookie: int) -> Place | None:
-        places = list(self._places())
-        current = {p.netns for p in places}
-        self._cookies = {k: v for k, v in self._cookies.items() if k in current}  # pods gone
-        for place in places:
-            cookie = self._cookies.get(place.netns)
-            if cookie is None:
-                try:
-                    cookie = ebpf_inspect.netns_cookie_of(place.netns)
-                except (NetnsError, OSError):
-                    continue
-                self._cookies[place.netns] = cookie
-            if cookie == netns_cookie:
-                return place
-        return None
 
 
 def _cgroup_pids(cgroup: Path) -> list[int]:

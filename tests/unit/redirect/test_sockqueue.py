@@ -72,7 +72,7 @@ def test_support_is_read_from_the_kernels_symbols(tmp_path):
 
 def test_queues_switched_off_answer_none_without_looking():
     q = sockqueue.Queues(list, list, enabled=False)
-    assert q.queued((1, LO, LO, 40000, 4140), 7) is None
+    assert q.look().queued((1, LO, LO, 40000, 4140), 7) is None
 
 
 def test_a_pods_processes_include_those_of_its_child_cgroups(tmp_path):
