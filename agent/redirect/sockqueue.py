@@ -8,7 +8,7 @@ Rules:
 1. `supported()`: only a kernel whose tcp_bpf answers FIONREAD with the
    bytes of the socket's sockmap queue (`tcp_bpf_ioctl` in /proc/kallsyms)
    can be asked; elsewhere FIONREAD counts TCP's queue only, which says
-   nothing about redirected bytes, and `Queues.queued` is always None.
+   nothing about redirected bytes, and `Look.queued` is always None.
 2. The socket is found in three steps: its inode from the TCP table of its
    network namespace (/proc/<pid>/net/tcp and tcp6, read through a process
    of the pod: `tcp_table` and `table_inode`, pure), the process and fd holding that
@@ -207,10 +207,10 @@ class Look:
     def _table(self, pid: int, name: str) -> TcpTable | None:
         if (pid, name) not in self._tables:
             try:
-                text: str | None = Path(f"/proc/{pid}/net/{name}").read_text()
+                table: TcpTable | None = tcp_table(Path(f"/proc/{pid}/net/{name}").read_text())
             except OSError:
-                text = None
-            self._tables[pid, name] = None if text is None else tcp_table(text)
+                table = None  # the process is gone
+            self._tables[pid, name] = table
         return self._tables[pid, name]
 
 
