@@ -274,6 +274,8 @@ def conn_pod(conn: Conn | None) -> str:
 def _orig_dst(conn: Conn | None) -> tuple[str, int] | None:
     if conn is None:
         return None
+    if conn.target is not None:  # the handler asked already: no interpreted call
+        return conn.target
     from agent.proxy import worker as worker_mod  # noqa: PLC0415 - in the worker only
 
     try:

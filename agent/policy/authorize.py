@@ -156,11 +156,13 @@ def authorize(policy: ServerPolicy, facts: Facts) -> Decision:
 def _first_allowing(
     authorizations: tuple[Authorization, ...], facts: Facts
 ) -> Authorization | None:
+    ip = facts.client_ip
     for authz in authorizations:
-        if _authenticated(authz.authentication, facts) and any(
-            n.contains(facts.client_ip) for n in authz.networks
-        ):
-            return authz
+        if not _authenticated(authz.authentication, facts):
+            continue
+        for n in authz.networks:  # not `any` over a generator: asked per connection
+            if n.contains(ip):
+                return authz
     return None
 
 

@@ -86,10 +86,18 @@ class Network:
         )
 
     def contains(self, ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-        """True when `ip` is in the network and in none of its exceptions."""
-        if ip.version != self.net.version or ip not in self.net:
+        """True when `ip` is in the network and in none of its exceptions.
+
+        Asked per connection: the families are told apart with `isinstance`, not the
+        `version` properties, and the exceptions walked by a loop, not a generator:
+        each of those is an interpreted call (`in` checks no family of its own)."""
+        v4 = isinstance(ip, ipaddress.IPv4Address)
+        if v4 is not isinstance(self.net, ipaddress.IPv4Network) or ip not in self.net:
             return False
-        return not any(ip.version == e.version and ip in e for e in self.excepts)
+        for e in self.excepts:
+            if v4 is isinstance(e, ipaddress.IPv4Network) and ip in e:
+                return False
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +201,10 @@ class HttpRoute:
         """True when some match (or, with none, any request) fits."""
         if not self.matches:
             return True
-        return any(m.matches(method, path) for m in self.matches)
+        for m in self.matches:  # noqa: SIM110 - not `any` over a generator: asked per request
+            if m.matches(method, path):
+                return True
+        return False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

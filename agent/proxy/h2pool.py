@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from agent.proxy.h2conn import H2Conn
 from agent.proxy.h2stream import H2Stream, StreamGoneError
@@ -165,12 +164,12 @@ class H2Pool:
 
 # --- per-worker pools ---------------------------------------------------------------------
 
-_POOLS: Final[weakref.WeakKeyDictionary[Any, H2Pool]] = weakref.WeakKeyDictionary()
-
 
 def pool_of(worker: Any) -> H2Pool:
-    """The h2 upstream pool of a worker (made on first use)."""
-    pool = _POOLS.get(worker)
+    """The h2 upstream pool of a worker, made on first use and kept on the worker
+    (`Worker.h2pool`, as `agent.proxy.plane.plane_of` keeps its plane)."""
+    pool: H2Pool | None = getattr(worker, "h2pool", None)
     if pool is None:
-        pool = _POOLS[worker] = H2Pool(worker.h2_lanes)
+        pool = H2Pool(worker.h2_lanes)
+        worker.h2pool = pool
     return pool

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
 from agent.errors import AgentError
 from agent.identity.tls import peer_identity
@@ -197,9 +197,33 @@ def deny_answer(decision: Decision, headers: http1.Headers) -> httpproxy.Reject:
 
 # A cached decision: the policy object it was made with, the decision, its counting handle.
 _Entry = tuple[ServerPolicy, Decision, BoundAuthz]
+# A decision shared by a worker's connections: the policy object, the decision, the metric
+# labels merged with it (each connection binds its own counting handle: `record` rule 5).
+_Shared = tuple[ServerPolicy, Decision, dict[str, str]]
+_E = TypeVar("_E", _Entry, _Shared)
 
 
-class AuthzCache:
+class _PolicyMemo(Generic[_E]):
+    """Entries whose first item is the policy object they were made with, reused while the
+    policy is that same object; cleared when full."""
+
+    __slots__ = ("_entries", "_max")
+
+    def __init__(self, max_entries: int) -> None:
+        self._entries: dict[Hashable, _E] = {}
+        self._max = max_entries
+
+    def get(self, key: Hashable, policy: ServerPolicy) -> _E | None:
+        hit = self._entries.get(key)
+        return hit if hit is not None and hit[0] is policy else None
+
+    def put(self, key: Hashable, entry: _E) -> None:
+        if len(self._entries) >= self._max:
+            self._entries.clear()
+        self._entries[key] = entry
+
+
+class AuthzCache(_PolicyMemo[_Entry]):
     """Decisions of one connection's requests, reused while the policy object is the same.
 
     `authorize` is pure and a connection's client facts (address, identity, TLS)
@@ -208,23 +232,29 @@ class AuthzCache:
     (`record` rule 5: the cache is the connection's), once per decision.
     """
 
-    __slots__ = ("_entries", "last")
+    __slots__ = ("last",)
     MAX_ENTRIES = 64
 
     def __init__(self) -> None:
-        self._entries: dict[Hashable, _Entry] = {}
+        super().__init__(self.MAX_ENTRIES)
         # The last request's answer: (head, policy key, state generation, entry). The parser
         # hands out one head object per distinct head, so a repeat is an identity check.
         self.last: tuple[Any, Hashable, int, _Entry] | None = None
 
-    def get(self, key: Hashable, policy: ServerPolicy) -> _Entry | None:
-        hit = self._entries.get(key)
-        return hit if hit is not None and hit[0] is policy else None
 
-    def put(self, key: Hashable, entry: _Entry) -> None:
-        if len(self._entries) >= self.MAX_ENTRIES:
-            self._entries.clear()
-        self._entries[key] = entry
+class SharedDecisions(_PolicyMemo[_Shared]):
+    """Decisions across a worker's connections (`Plane.decisions`), so that a new
+    connection's first request from a client seen before is decided by one lookup instead
+    of `authorize` and its facts, a dozen interpreted calls (bench/RESULTS.md, fortieth
+    pass). Keyed by everything `decide` reads: the policy key, method and target, the
+    client's address, identity and TLS, the port and the labels; a hit must come from
+    the same policy object."""
+
+    __slots__ = ()
+    MAX_ENTRIES = 1024
+
+    def __init__(self) -> None:
+        super().__init__(self.MAX_ENTRIES)
 
 
 def authorize_http(  # noqa: PLR0913 - the facts of one request
@@ -263,16 +293,26 @@ def authorize_http(  # noqa: PLR0913 - the facts of one request
         ckey = (policy_key, method, target)
         entry = cache.get(ckey, policy) if cache is not None else None
         if entry is None:
-            decision, merged = decide(
-                policy,
-                method=method.decode("latin-1"),
-                path=path_of(target),
-                client_ip=client_ip,
-                identity=identity,
-                tls=tls,
-                port=port,
-                labels=labels,
-            )
+            plane = plane_of(worker)
+            decisions = plane.decisions
+            if decisions is None:
+                decisions = plane.decisions = SharedDecisions()
+            skey = (ckey, client_ip, identity, tls, port, tuple(labels.items()))
+            shared = decisions.get(skey, policy)
+            if shared is None:
+                decision, merged = decide(
+                    policy,
+                    method=method.decode("latin-1"),
+                    path=path_of(target),
+                    client_ip=client_ip,
+                    identity=identity,
+                    tls=tls,
+                    port=port,
+                    labels=labels,
+                )
+                decisions.put(skey, (policy, decision, merged))
+            else:
+                decision, merged = shared[1], shared[2]
             tally = recorder().bind_authz(merged, allowed=decision.allowed, http=True)
             entry = (policy, decision, tally)
             if cache is not None:

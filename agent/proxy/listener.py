@@ -61,6 +61,10 @@ class ListenerKind(enum.Enum):
     OUTBOUND = "outbound"
     INBOUND = "inbound"
 
+    # Members are singletons compared by identity: object's hash fits, and is C, where
+    # Enum's hashes the name in Python, once per connection (`HANDLERS[kind]`).
+    __hash__ = object.__hash__
+
 
 class ListenerError(AgentError):
     """A listener or upstream socket could not be opened in a namespace."""

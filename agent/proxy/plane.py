@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import weakref
 from collections.abc import Hashable  # noqa: TC003 - a field type, see below
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -44,6 +43,7 @@ from agent.proxy.upstream import ConnPool, TlsContexts
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from agent.proxy.inbound import SharedDecisions
     from agent.proxy.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -84,6 +84,7 @@ class Plane:
         self.dsts: dict[Hashable, DstEntry] = {}
         self.guards: set[Guard] = set()
         self._watcher: asyncio.Task[None] | None = None
+        self.decisions: SharedDecisions | None = None  # made by inbound.authorize_http
 
     def entry(self, key: Hashable, dst: Destination) -> DstEntry:
         """The balancer entry of destination `key`, updated to `dst` if it changed."""
@@ -140,14 +141,14 @@ class Plane:
         self.pool.close()
 
 
-_PLANES: Final[weakref.WeakKeyDictionary[Worker, Plane]] = weakref.WeakKeyDictionary()
-
-
 def plane_of(worker: Worker) -> Plane:
-    """The worker's `Plane` (made on first use)."""
-    plane = _PLANES.get(worker)
+    """The worker's `Plane`, made on first use and kept on the worker (`Worker.plane`):
+    an attribute read, where a weak dictionary's `get` was an interpreted call, several
+    per connection. A stand-in worker without the attribute gets one."""
+    plane: Plane | None = getattr(worker, "plane", None)
     if plane is None:
-        plane = _PLANES[worker] = Plane(worker)
+        plane = Plane(worker)
+        worker.plane = plane
     return plane
 
 

@@ -10,7 +10,11 @@ Rules:
 2. Each accepted connection is paused, wrapped in a `Conn` and given to
    `HANDLERS[kind]` in its own task. A handler's exception ends that
    connection only: it is counted, logged once with pod, listener and peer,
-   and never escapes.
+   and never escapes. So the task is made with the loop's `create_task`, not
+   `aio.spawn`: the worker references it (`Conn.task`, `Worker.conns`) until it
+   ends, and it has no failure left to log. The accept path makes no
+   interpreted call it can do without: a new connection pays for every one
+   (bench/RESULTS.md, fortieth pass).
 3. `RemoveListener`: stop accepting on it now; its connections get `drain_s`,
    then are reset. `Drain` or SIGTERM: stop accepting everywhere, wait for
    connections up to the deadline, reset the rest, exit 0. SIGINT is ignored
@@ -48,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import gc
 import importlib
 import importlib.util
@@ -181,8 +186,10 @@ def default_resolve_target(conn: Conn) -> tuple[str, int]:
     sock = conn.socket
     target: tuple[str, int] | None = None
     if _ORIGINAL_DST is not None:
-        with contextlib.suppress(AgentError):
+        try:
             target = _ORIGINAL_DST(sock)
+        except AgentError:  # not `contextlib.suppress`: three calls per connection (rule 2)
+            target = None
     if target is None:
         host, port = sock.getsockname()[:2]
         target = (host, port)
@@ -251,17 +258,23 @@ HANDLERS: dict[ListenerKind, Handler] = {
 
 
 class _Accept(tcp.Held):
-    """Protocol of a freshly accepted connection until its handler takes it over."""
+    """Protocol of a freshly accepted connection until its handler takes it over.
+
+    `tcp.Held`'s `__init__` and `connection_made`, inlined: two interpreted calls
+    fewer per connection (rule 2)."""
 
     __slots__ = ("conn", "listener")
 
     def __init__(self, listener: _Listener) -> None:
-        super().__init__()
+        self.transport: asyncio.Transport | None = None
+        self.prefix = bytearray()
+        self.eof = False
         self.listener = listener
         self.conn: Conn | None = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport  # accepted TCP: always an asyncio.Transport
+        transport.pause_reading()
         self.conn = self.listener.worker.accepted(self.listener, self)
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - Protocol API
@@ -271,11 +284,12 @@ class _Accept(tcp.Held):
 
 
 class _Listener:
-    __slots__ = ("conns", "info", "server", "worker")
+    __slots__ = ("conns", "info", "loop", "server", "worker")
 
-    def __init__(self, worker: Worker, info: ListenerInfo) -> None:
+    def __init__(self, worker: Worker, info: ListenerInfo, loop: asyncio.AbstractEventLoop) -> None:
         self.worker = worker
         self.info = info
+        self.loop = loop  # its connections' tasks' (rule 2)
         self.server: asyncio.Server | None = None
         self.conns: set[Conn] = set()
 
@@ -304,6 +318,8 @@ class Worker:
         self.stats_interval = stats_interval
         self.upstreams = UpstreamSockets(mark)
         self.state = WorkerState(self._ask)
+        self.plane: Any = None  # agent.proxy.plane.plane_of's `Plane`, made on first use
+        self.h2pool: Any = None  # agent.proxy.h2pool.pool_of's `H2Pool`, likewise
         self.listeners: dict[str, _Listener] = {}
         self.conns: set[Conn] = set()
         self.accepted_total = 0
@@ -430,11 +446,11 @@ class Worker:
         info = ListenerInfo(
             listener_id=msg.listener_id, pod=msg.pod, kind=msg.kind, netns=msg.netns
         )
-        lst = _Listener(self, info)
+        lst = _Listener(self, info, asyncio.get_running_loop())
         self.listeners[msg.listener_id] = lst
         try:
-            lst.server = await asyncio.get_running_loop().create_server(
-                lambda: _Accept(lst), sock=sock, backlog=LISTEN_BACKLOG
+            lst.server = await lst.loop.create_server(
+                functools.partial(_Accept, lst), sock=sock, backlog=LISTEN_BACKLOG
             )
         except OSError:
             sock.close()
@@ -467,7 +483,7 @@ class Worker:
         self.accepted_total += 1
         self.conns.add(conn)
         lst.conns.add(conn)
-        conn.task = aio.spawn(self._serve(conn, lst), name="conn")
+        conn.task = lst.loop.create_task(self._serve(conn, lst), name="conn")  # rule 2
         return conn
 
     async def _serve(self, conn: Conn, lst: _Listener) -> None:

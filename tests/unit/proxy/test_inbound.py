@@ -203,6 +203,27 @@ def test_a_stream_without_a_token_uses_the_cache_until_the_policy_object_changes
     assert [a for _, a in counted.calls] == [True, True, True, False]
 
 
+def test_a_new_connection_reuses_the_workers_decision_for_the_same_client_facts(worker, counted):
+    """Each connection has its own cache; the worker's shared decisions still make a new
+    connection's first request from a known client one lookup. Anything `decide` reads
+    that differs (address, identity, labels, the policy object) decides afresh."""
+    first, tally = authorize_http(worker, KEY, b"GET", b"/items/7", cache=AuthzCache(), **FACTS)
+    again, other = authorize_http(worker, KEY, b"GET", b"/items/7", cache=AuthzCache(), **FACTS)
+    assert again is first
+    assert other is not tally  # each connection counts with a handle of its own
+    assert other.labels == tally.labels
+    elsewhere = {**FACTS, "client_ip": ipaddress.ip_address("10.9.9.9")}
+    assert authorize_http(worker, KEY, b"GET", b"/items/7", **elsewhere)[0] is not first
+    relabelled = {**FACTS, "labels": {"direction": "inbound", "pod": "web-2"}}
+    decision, handle = authorize_http(worker, KEY, b"GET", b"/items/7", **relabelled)
+    assert decision is not first
+    assert handle.labels["pod"] == "web-2"
+    worker.state.apply(ch.StateUpdate(key=KEY, value=WEB_ONLY))
+    denied, _ = authorize_http(worker, KEY, b"GET", b"/items/7", cache=AuthzCache(), **FACTS)
+    assert not denied.allowed
+    assert [a for _, a in counted.calls] == [True, True, True, True, False]
+
+
 def test_the_verified_identity_is_what_a_mesh_only_policy_admits(worker, counted):
     worker.state.apply(ch.StateUpdate(key=KEY, value=WEB_ONLY))
     facts = {**FACTS, "identity": WEB, "tls": True}
