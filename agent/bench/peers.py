@@ -41,6 +41,10 @@ from agent.bench import haproxy
 from agent.bench.topology import (
     HTTP_PORT,
     IPERF_PORT,
+    PROXY_HTTP_PORT,
+    PROXY_IPERF_PORT,
+    TLS_HTTP_PORT,
+    TLS_IPERF_PORT,
     BenchError,
     SetupFn,
     Target,
@@ -55,10 +59,6 @@ if TYPE_CHECKING:
 
     from agent.netlab import LabPod
 
-PROXY_HTTP_PORT = 18080  # HAProxy listeners in the client pod
-PROXY_IPERF_PORT = 15201
-TLS_HTTP_PORT = 18443  # HAProxy mTLS listeners in the server pod
-TLS_IPERF_PORT = 15443
 SERVER_NAME = "srv2.bench.local"
 
 

@@ -51,8 +51,6 @@ from typing import TYPE_CHECKING
 
 from agent.bench import report
 from agent.bench.peers import (
-    PROXY_HTTP_PORT,
-    PROXY_IPERF_PORT,
     SERVER_NAME,
     direct,
     direct_xnode,
@@ -68,6 +66,8 @@ from agent.bench.topology import (
     HTTP_PORT,
     IPERF_PORT,
     POD_SYSCTLS,
+    PROXY_HTTP_PORT,
+    PROXY_IPERF_PORT,
     BenchError,
     SetupFn,
     Target,

@@ -60,12 +60,33 @@ if TYPE_CHECKING:
 
 HTTP_PORT = 8080
 IPERF_PORT = 5201
+PROXY_HTTP_PORT = 18080  # HAProxy's (and the floor's) listeners in the client pod
+PROXY_IPERF_PORT = 15201
+TLS_HTTP_PORT = 18443  # HAProxy's mTLS listeners in the server pod
+TLS_IPERF_PORT = 15443
+# Every port a setup listens on: the agent's, the servers', the peers'.
+LISTEN_PORTS = tuple(
+    sorted(
+        (
+            config.OUTBOUND_PORT,
+            config.INBOUND_PORT,
+            HTTP_PORT,
+            IPERF_PORT,
+            PROXY_HTTP_PORT,
+            PROXY_IPERF_PORT,
+            TLS_HTTP_PORT,
+            TLS_IPERF_PORT,
+        )
+    )
+)
 POD_SYSCTLS = {
     "net/ipv4/tcp_tw_reuse": "1",
     "net/ipv4/ip_local_port_range": "1024 65000",
-    # Not ephemeral: a conn-rate load leaves thousands of TIME_WAIT client ports, and one on
-    # the agent's listener port makes the next agent's listen there fail (EADDRINUSE) for 60 s.
-    "net/ipv4/ip_local_reserved_ports": f"{config.OUTBOUND_PORT},{config.INBOUND_PORT}",
+    # Not ephemeral: a conn-rate load leaves tens of thousands of TIME_WAIT client ports,
+    # and one on a listener port makes the next setup's listen there fail (EADDRINUSE; its
+    # SO_REUSEADDR does not help, the client had none) for 60 s. At 8,000 connections/s
+    # the next HAProxy met one on 18080 in most rounds.
+    "net/ipv4/ip_local_reserved_ports": ",".join(map(str, LISTEN_PORTS)),
     "net/core/somaxconn": "4096",
 }
 
