@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from agent.proxy.worker import Conn, Worker
 
 SVC_AUTHORITY: Final = re.compile(r"^([^.]+)\.([^.]+)\.svc\.[^:]*:(\d+)$")
+_TLS_LOOPBACK: Final = Tls.no_identity("loopback")  # an outbound connection's, made once
 
 
 class LabelSets:
@@ -214,8 +215,11 @@ class LabelSets:
             target, tls = self._inbound_target(pod_key, labels)
         else:
             pod_key = conn_pod(conn)
-            target, tls = _orig_dst(conn), Tls.no_identity("loopback")
-        key = (pod_key, direction, target, tls)
+            target, tls = _orig_dst(conn), _TLS_LOOPBACK
+        # per connection: the key holds Tls's fields, not the frozen dataclass, whose
+        # `__hash__` and `__eq__` run interpreted (agent.native rule 5)
+        tls_key = None if tls is None else (tls.state, tls.peer_id, tls.reason)
+        key = (pod_key, direction, target, tls_key)
         found = self._tcp.get(key)
         if found is None:
             found = self._tcp[key] = self.m.tcp(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agent.proxy import h1msg, http1
@@ -74,15 +74,30 @@ class Target:
         self.h2_plain = h2_plain
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True, init=False)
 class Plan:
     """How to serve one request: its route (retries, timeout, classes) and target choice."""
 
     choose: Callable[[int], Target | Reject]  # attempt number -> target (no I/O, no waiting)
-    route: Route | None = None
-    budget: RetryBudgetState | None = None
-    timeout_s: float | None = None
-    labels: Labels = field(default_factory=dict)
+    route: Route | None
+    budget: RetryBudgetState | None
+    timeout_s: float | None
+    labels: Labels
+
+    def __init__(  # one per connection at least: written (agent.native rule 5)
+        self,
+        *,
+        choose: Callable[[int], Target | Reject],
+        route: Route | None = None,
+        budget: RetryBudgetState | None = None,
+        timeout_s: float | None = None,
+        labels: Labels | None = None,
+    ) -> None:
+        self.choose = choose
+        self.route = route
+        self.budget = budget
+        self.timeout_s = timeout_s
+        self.labels = {} if labels is None else labels
 
 
 class Router(Protocol):
