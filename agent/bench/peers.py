@@ -71,9 +71,19 @@ def _haproxy(
     )
     if check.returncode != 0:
         raise BenchError("haproxy", f"config {path} rejected: {check.stderr[-1000:]}")
-    return pod.spawn(
-        ["haproxy", "-db", "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    return _spawn_logged(pod, ["haproxy", "-db", "-f", str(path)], log_of(path))
+
+
+def log_of(path: Path) -> Path:
+    """Where the peer started from config `path` (or named `path`) writes its stderr."""
+    return path.with_suffix(".log")
+
+
+def _spawn_logged(pod: LabPod, argv: list[str], log: Path) -> subprocess.Popen[Any]:
+    """`argv` in `pod`, its stderr appended to `log`: a peer that cannot listen says why
+    there, and `wait_port` quotes it."""
+    with log.open("ab") as err:
+        return pod.spawn(argv, stdout=subprocess.DEVNULL, stderr=err)
 
 
 def _stop(proc: subprocess.Popen[Any]) -> None:
@@ -176,9 +186,10 @@ def haproxy_one_hop(mode: str) -> SetupFn:
                     target=f"{topo.srv.ip}:{IPERF_PORT}",
                 )
             )
-        proc = _haproxy(topo.cli, routes, topo.workdir / f"haproxy-{mode}.cfg", nodes=1)
+        cfg = topo.workdir / f"haproxy-{mode}.cfg"
+        proc = _haproxy(topo.cli, routes, cfg, nodes=1)
         try:
-            wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+            wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT, proc=proc, log=log_of(cfg))
             yield Target(
                 setup=f"haproxy-{mode}",
                 client=topo.cli,
@@ -195,22 +206,28 @@ def haproxy_one_hop(mode: str) -> SetupFn:
     return setup
 
 
-def _floor(
-    pod: LabPod, listen: str, target: str, tls: list[str], *, nodes: int
+def _floor(  # noqa: PLR0913 - where it runs, listens, forwards, its TLS, workers and log
+    pod: LabPod, listen: str, target: str, tls: list[str], *, nodes: int, log: Path
 ) -> subprocess.Popen[Any]:
     argv = [sys.executable, "-m", "agent.bench.floor", listen, target]
     argv += ["--workers", str(per_node(nodes)), *tls]
-    return pod.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return _spawn_logged(pod, argv, log)
 
 
 @contextlib.contextmanager
 def python_floor(topo: Topology) -> Iterator[Target]:
     """The minimal Python relay (`agent.bench.floor`) where HAProxy runs: the Python floor."""
+    log = log_of(topo.workdir / "python-floor")
     proc = _floor(
-        topo.cli, f"127.0.0.1:{PROXY_HTTP_PORT}", f"{topo.srv.ip}:{HTTP_PORT}", [], nodes=1
+        topo.cli,
+        f"127.0.0.1:{PROXY_HTTP_PORT}",
+        f"{topo.srv.ip}:{HTTP_PORT}",
+        [],
+        nodes=1,
+        log=log,
     )
     try:
-        wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+        wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT, proc=proc, log=log)
         yield Target(
             setup="python-floor",
             client=topo.cli,
@@ -231,12 +248,15 @@ def python_floor(topo: Topology) -> Iterator[Target]:
 def python_floor_tls(topo: Topology) -> Iterator[Target]:
     """The floor on haproxy-tls's two hops: `cli` -> mutual TLS 1.3 -> `srv2` -> server."""
     server_tls, client_tls = make_certs(topo.workdir)
+    server_log = log_of(topo.workdir / "python-floor-tls-server")
+    client_log = log_of(topo.workdir / "python-floor-tls-client")
     server_side = _floor(
         topo.srv2,
         f"0.0.0.0:{TLS_HTTP_PORT}",
         f"127.0.0.1:{HTTP_PORT}",
         ["--cert", server_tls.cert, "--ca", server_tls.ca, "--tls-listen"],
         nodes=2,
+        log=server_log,
     )
     try:
         client_side = _floor(
@@ -245,10 +265,11 @@ def python_floor_tls(topo: Topology) -> Iterator[Target]:
             f"{topo.srv2.ip}:{TLS_HTTP_PORT}",
             ["--cert", client_tls.cert, "--ca", client_tls.ca, "--tls-connect", SERVER_NAME],
             nodes=2,
+            log=client_log,
         )
         try:
-            wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT)
-            wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+            wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT, proc=server_side, log=server_log)
+            wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT, proc=client_side, log=client_log)
             yield Target(
                 setup="python-floor-tls",
                 client=topo.cli,
@@ -311,12 +332,15 @@ def haproxy_two_hop(between: str) -> SetupFn:
             )
             for route, app_port, _, tls_port in ports
         ]
-        server_side = _haproxy(topo.srv2, inb, topo.workdir / f"{name}-server.cfg", nodes=2)
+        server_cfg = topo.workdir / f"{name}-server.cfg"
+        client_cfg = topo.workdir / f"{name}-client.cfg"
+        server_side = _haproxy(topo.srv2, inb, server_cfg, nodes=2)
         try:
-            client_side = _haproxy(topo.cli, out, topo.workdir / f"{name}-client.cfg", nodes=2)
+            client_side = _haproxy(topo.cli, out, client_cfg, nodes=2)
             try:
-                wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT)
-                wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT)
+                server_log, client_log = log_of(server_cfg), log_of(client_cfg)
+                wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT, proc=server_side, log=server_log)
+                wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT, proc=client_side, log=client_log)
                 yield Target(
                     setup=name,
                     client=topo.cli,

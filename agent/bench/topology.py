@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -207,14 +207,33 @@ def tune_pod(pod: LabPod) -> None:
     netns.run_in(pod.netns, write)
 
 
-def wait_port(pod: LabPod, host: str, port: int, within: float = 10.0) -> None:
-    """Return once `host:port` accepts a connection from `pod`.
+WAIT_PORT_S = 10.0  # a setup's listener is up within this, or the setup failed
+
+
+def wait_port(
+    pod: LabPod,
+    host: str,
+    port: int,
+    *,
+    proc: subprocess.Popen[Any] | None = None,
+    log: Path | None = None,
+) -> None:
+    """Return once `host:port` accepts a connection from `pod`. Given the process that
+    should listen there (`proc`) and where its stderr goes (`log`), stop waiting when it
+    exits, and say why in the error: its exit status and the end of its log.
 
     Raises:
-        BenchError: nothing did within `within` seconds.
+        BenchError: nothing did within `WAIT_PORT_S`, or `proc` exited first.
     """
+    within = WAIT_PORT_S
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise BenchError(
+                pod.name,
+                f"{_name(proc)} exited with {proc.returncode} before it listened on "
+                f"{host}:{port}{_tail(log)}",
+            )
         sock = pod.socket()
         try:
             sock.settimeout(0.5)
@@ -225,7 +244,23 @@ def wait_port(pod: LabPod, host: str, port: int, within: float = 10.0) -> None:
             return
         finally:
             sock.close()
-    raise BenchError(pod.name, f"nothing listens on {host}:{port} after {within}s")
+    raise BenchError(pod.name, f"nothing listens on {host}:{port} after {within}s{_tail(log)}")
+
+
+def _name(proc: subprocess.Popen[Any]) -> str:
+    """The program `proc` runs, past a wrapper's `--` (`LabPod.spawn`'s nsenter)."""
+    args = [str(a) for a in proc.args] if isinstance(proc.args, list | tuple) else [str(proc.args)]
+    if "--" in args[:-1]:
+        args = args[len(args) - args[::-1].index("--") :]
+    return Path(args[0]).name if args else "?"
+
+
+def _tail(log: Path | None, size: int = 600) -> str:
+    """`; its log: ...` with the end of `log`, or nothing when there is none or it is empty."""
+    if log is None or not log.exists():
+        return ""
+    text = log.read_text(errors="replace").strip()
+    return f"; its log ({log}): {text[-size:]}" if text else ""
 
 
 def build_topology(lab: Lab, workdir: Path) -> Topology:

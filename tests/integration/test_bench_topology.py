@@ -1,5 +1,5 @@
 """The bench's pods (agent.bench.topology): tuned for load, read back from the pod's netns,
-and placed on their node's CPUs."""
+and placed on their node's CPUs; a peer that cannot listen says why."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent import config
-from agent.bench import setups, topology
+from agent.bench import haproxy, peers, setups, topology
 
 pytestmark = pytest.mark.privileged
 
@@ -66,3 +66,26 @@ def test_a_two_node_path_runs_each_node_on_its_own_cpus_agents_and_workers_too(l
             assert all(_cpus(p) == every for p in _pod_pids(topo.srv))
     finally:
         topo.mesh.stop()
+
+
+def test_a_peer_that_cannot_listen_says_why(lab, tmp_path):
+    """HAProxy cannot bind its port (here a socket of ours holds it, as a TIME_WAIT client
+    port did at 8,000 connections/s): `wait_port` stops when HAProxy exits and quotes its
+    stderr, which the setup keeps beside its config."""
+    pod = lab.pod(lab.node("n2", "10.201.10.0/24"), "b", ip="10.201.10.5")
+    port = topology.PROXY_HTTP_PORT
+    cfg = tmp_path / "haproxy-http.cfg"
+    route = haproxy.Route(name="http", bind=f"127.0.0.1:{port}", target="10.201.10.9:8080")
+    with pod.socket() as taken:
+        taken.bind(("127.0.0.1", port))  # bound, not listening: connects are refused
+        proc = peers._haproxy(pod, [route], cfg, nodes=1)
+        try:
+            with pytest.raises(topology.BenchError) as err:
+                topology.wait_port(pod, "127.0.0.1", port, proc=proc, log=peers.log_of(cfg))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    assert f"haproxy exited with {proc.returncode} before it listened" in str(err.value)
+    assert proc.returncode != 0
+    assert "Address already in use" in str(err.value)
