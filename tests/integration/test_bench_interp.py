@@ -34,12 +34,17 @@ SETUPS = ("meshagent-ebpf-xnode", "meshagent-ebpf-h1-xnode")
 PER_REQUEST_MAX = 0.5  # a per-request function shows 1.0 or more (agent.bench.interp rule 2)
 
 
-@pytest.fixture(scope="module")
-def counted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+def _need_native() -> None:
+    """Counting means the compiled build: skip without it, but fail under CI=true."""
     if native.state() != "active":
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"the native build must be active under CI=true, is {native.state()}")
         pytest.skip(f"the native build is {native.state()}: run scripts/setup")
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    _need_native()
     out = tmp_path_factory.mktemp("interp")
     argv = [sys.executable, "-m", "agent", "bench", "--quick", "-o", "json", "--interp"]
     argv += ["--setups", ",".join(SETUPS), "--loads", "http1-saturate,h2-saturate"]
@@ -85,10 +90,7 @@ TRIMMED = (
 
 @pytest.mark.timeout(180)
 def test_a_new_connection_runs_few_interpreted_calls(tmp_path: Path) -> None:
-    if native.state() != "active":
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"the native build must be active under CI=true, is {native.state()}")
-        pytest.skip(f"the native build is {native.state()}: run scripts/setup")
+    _need_native()
     argv = [sys.executable, "-m", "agent", "bench", "--quick", "-o", "json", "--interp"]
     argv += ["--setups", "meshagent-ebpf", "--loads", "conn-rate", "--duration", "2"]
     argv += ["--out", str(tmp_path)]
