@@ -77,7 +77,7 @@ def test_no_interpreted_function_runs_per_request(counted, setup: str) -> None:
 
 
 # Interpreted calls per new connection, same node (bench/RESULTS.md, fortieth pass: 68
-# before the accept path was trimmed, 30 after); the functions it took out stay out.
+# before the accept path was trimmed, 25.5 after); the functions it took out stay out.
 PER_CONNECTION_MAX = 40
 TRIMMED = (
     "spawn",  # agent.aio: the worker makes its connection tasks itself (worker rule 2)

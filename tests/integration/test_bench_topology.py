@@ -26,7 +26,7 @@ def test_bench_pods_get_their_sysctls_and_keep_the_agent_ports_out_of_the_epheme
     reserved = pod.run(["cat", "/proc/sys/net/ipv4/ip_local_reserved_ports"]).stdout.strip()
     ports = {int(p) for p in reserved.split(",")}
     assert ports == set(topology.LISTEN_PORTS)
-    assert {config.OUTBOUND_PORT, config.INBOUND_PORT, setups.PROXY_HTTP_PORT} <= ports
+    assert {config.OUTBOUND_PORT, config.INBOUND_PORT, topology.PROXY_HTTP_PORT} <= ports
 
 
 def _cpus(pid: int) -> set[int]:
