@@ -30,6 +30,9 @@ Rules:
 6. `place(node, cpus)` confines a node's pods to `cpus`, as a real node has its own:
    what its pods start from then on, and what they run already
    (`agent.netlab_pods` rule 4); `None` lifts it.
+7. `on_cpu(cpu, fn, *args)` runs `fn` in a thread of this process pinned to `cpu`:
+   a connection it makes over a pod's loopback or veth is taken in on that CPU, which
+   is what the proxy's steering (agent.proxy.placement) goes by.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import re
 import subprocess
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from agent import netlab_state
 from agent.netlab_pods import LabError, LabNode, LabPod, port_open
@@ -386,6 +389,9 @@ class Lab:
         return netlab_state.cleanup_stale(state_dir=state_dir)
 
 
+_T = TypeVar("_T")
+
+
 @contextlib.contextmanager
 def lab(prefix: str) -> Iterator[Lab]:
     """`with lab("t1") as lb:` -- a Lab closed on exit, whatever happened."""
@@ -394,3 +400,30 @@ def lab(prefix: str) -> Iterator[Lab]:
         yield lb
     finally:
         lb.close()
+
+
+def on_cpu(cpu: int, fn: Callable[..., _T], *args: Any, timeout: float = 10.0) -> _T:
+    """`fn(*args)` in a thread that runs on `cpu` only (rule 7): its result, or its
+    exception raised here.
+
+    Raises:
+        TimeoutError: `fn` did not return within `timeout` seconds.
+    """
+    out: list[_T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            os.sched_setaffinity(0, {cpu})  # this thread only
+            out.append(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name=f"on-cpu-{cpu}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if failed:
+        raise failed[0]
+    if not out:
+        raise TimeoutError(f"{fn!r} did not return within {timeout} s on CPU {cpu}")
+    return out[0]

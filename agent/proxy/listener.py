@@ -14,7 +14,10 @@ Rules:
    connection of a bench run, and capped it at one core). A group is only
    opened on a port nothing listens on (a plain bind probes it first), so it
    never joins another process's SO_REUSEPORT listener: the port in use is a
-   `ListenerError`, as for one socket.
+   `ListenerError`, as for one socket. With `steering` (agent.proxy.placement), the
+   group carries a program that gives each new connection to the worker pinned on
+   the CPU it came in on; a kernel that refuses the program leaves the group
+   spreading by hash, with a warning, and the pod is served all the same.
 3. Upstream sockets (to an endpoint, or to the app on the pod's loopback) are
    created in the pod's namespace and carry `SO_MARK`, which the capture
    rules skip; without the mark the proxy would capture its own connections.
@@ -33,9 +36,11 @@ costs one reserve pop; the namespace is entered once per `BATCH` sockets.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import enum
 import logging
 import socket
+import struct
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -43,6 +48,7 @@ from typing import TYPE_CHECKING
 from agent import aio
 from agent.config import INBOUND_PORT, OUTBOUND_PORT
 from agent.errors import AgentError
+from agent.proxy import placement
 from agent.redirect import netns
 
 if TYPE_CHECKING:
@@ -53,6 +59,8 @@ logger = logging.getLogger(__name__)
 LISTEN_BACKLOG = 1024
 OUTBOUND_HOST = "127.0.0.1"
 INBOUND_HOST = "0.0.0.0"
+SO_ATTACH_REUSEPORT_CBPF = 51  # asm-generic/socket.h; the socket module does not name it
+_SOCK_FPROG = struct.Struct("@HP")  # struct sock_fprog: length, pointer to the instructions
 
 
 class ListenerKind(enum.Enum):
@@ -125,10 +133,11 @@ def open_pod_listeners(
     outbound_port: int = OUTBOUND_PORT,
     inbound_port: int = INBOUND_PORT,
     copies: int = 1,
+    steering: bytes | None = None,
 ) -> PodListeners:
     """The outbound (`127.0.0.1:outbound_port`) and inbound (`0.0.0.0:inbound_port`)
     listeners of the pod whose namespace is at `netns_path`: `copies` sockets of each,
-    a SO_REUSEPORT group when more than one (rule 2).
+    a SO_REUSEPORT group when more than one, steered by `steering` if given (rule 2).
 
     Raises:
         ValueError: `copies` is below 1.
@@ -144,11 +153,35 @@ def open_pod_listeners(
             for _ in range(copies):
                 sock = open_listener(netns_path, host, port, reuseport=copies > 1)
                 opened.append(sock)  # kept at once, for the cleanup below
+            if copies > 1 and steering is not None:
+                _steer(opened[-1], steering, netns_path, f"{host}:{port}")
     except BaseException:
         for sock in opened:
             sock.close()
         raise
     return PodListeners(outbound=tuple(opened[:copies]), inbound=tuple(opened[copies:]))
+
+
+def attach_steering(sock: socket.socket, program: bytes) -> None:
+    """Put `program` (classic BPF instructions, `placement.steering_program`) on the
+    SO_REUSEPORT group `sock` listens in.
+
+    Raises:
+        OSError: the kernel refused it.
+    """
+    insns = ctypes.create_string_buffer(program, len(program))
+    fprog = _SOCK_FPROG.pack(len(program) // placement.INSN.size, ctypes.addressof(insns))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)  # copies insns
+
+
+def _steer(sock: socket.socket, program: bytes, netns_path: str | Path, where: str) -> None:
+    try:
+        attach_steering(sock, program)
+    except OSError as exc:
+        logger.warning(
+            "listener group not steered by CPU; the kernel spreads it by hash",
+            extra={"netns": str(netns_path), "listener": where, "reason": exc.strerror},
+        )
 
 
 def _probe_free(netns_path: str | Path, host: str, port: int) -> None:

@@ -25,6 +25,10 @@ Rules:
    worker's argv, e.g. `valgrind --tool=callgrind ...` (agent.bench.callgrind). A
    wrapped worker may start many times slower, so `start` then waits up to
    `WRAPPED_READY_S` for it.
+7. Placement (agent.proxy.placement): with `WorkerOptions.cpus`, slot i's worker, and
+   each replacement of it, pins itself to slot i's CPU (`--cpu`), and `steering` is
+   the program the supervisor puts on each listener group, so that a connection made
+   on a CPU is accepted by the worker there.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from agent.proxy import channel as ch
+from agent.proxy import placement
 from agent.redirect.model import PROXY_MARK
 
 H2_UPGRADE_MODES = ("auto", "on", "off")  # `--h2-upgrade` (agent.proxy.h1toh2 rule 7)
@@ -92,6 +97,7 @@ class WorkerOptions:
     python: str = sys.executable
     wrap: tuple[str, ...] = field(default_factory=wrap_from_env)  # rule 6
     env: Mapping[str, str] | None = None
+    cpus: tuple[int, ...] = ()  # slot i's CPU (agent.proxy.placement); () leaves them free
 
     def argv(self, channel_fd: int, worker_id: int) -> list[str]:
         argv = [
@@ -110,8 +116,15 @@ class WorkerOptions:
         ]
         argv += ["--h2-upgrade", self.h2_upgrade, f"--h2-lanes={self.h2_lanes}"]
         argv += ["--io-uring", "on" if self.io_uring else "off"]
+        cpu = self.cpu_of(worker_id)
+        if cpu is not None:
+            argv.append(f"--cpu={cpu}")
         argv.extend(f"--plugin={p}" for p in self.plugins)
         return argv
+
+    def cpu_of(self, worker_id: int) -> int | None:
+        """The CPU slot `worker_id` runs on, or None (anywhere)."""
+        return self.cpus[worker_id % len(self.cpus)] if self.cpus else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,6 +136,7 @@ class WorkerInfo:
     ready: bool
     age_s: float
     stats: ch.Stats | None
+    cpu: int | None = None  # the CPU it is pinned to (agent.proxy.placement rule 1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,6 +207,17 @@ class WorkerPool:
         self._closing = False
         self.restarts = 0  # workers replaced after an unplanned exit
         self.exits: deque[ExitRecord] = deque(maxlen=64)  # the latest exits, oldest first
+
+    @property
+    def steering(self) -> bytes | None:
+        """The program that gives a listener group's new connections to the worker on
+        their CPU, or None when the workers are not one per CPU (agent.proxy.placement
+        rules 2 and 3). Slot i's socket is the i-th of each group (rule 2)."""
+        if not self.options.cpus or self.n < 2:
+            return None
+        cpus = self.options.cpus
+        table = placement.steering_table([cpus[i % len(cpus)] for i in range(self.n)])
+        return placement.steering_program(table) if table else None
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -362,6 +387,7 @@ class WorkerPool:
                 ready=p.ready.done(),
                 age_s=now - p.started,
                 stats=p.stats,
+                cpu=self.options.cpu_of(p.worker_id),
             )
             for p in self._procs.values()
         ]

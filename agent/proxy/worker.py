@@ -45,6 +45,9 @@ Rules:
    `worker-<id>-<pid>.tsv` when it exits (`calls<TAB>file:line<TAB>function`).
    On the compiled request path a count that grows with the requests names an
    interpreted function still on it (agent.bench.interp).
+9. `--cpu N` (agent.proxy.pool rule 7): the worker pins itself, every thread it will
+   start with it, to CPU N before anything else. A CPU it may not use (the node's set
+   changed) is logged and the worker runs wherever the kernel puts it.
 """
 
 from __future__ import annotations
@@ -580,6 +583,19 @@ def load_plugin(spec: str) -> None:
     mod_spec.loader.exec_module(module)
 
 
+def pin(cpu: int) -> bool:
+    """Rule 9: run on `cpu` only; False (logged) when the kernel refuses it."""
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except (OSError, ValueError) as exc:
+        logger.warning(
+            "cannot pin the worker to its CPU; it runs unpinned",
+            extra={"cpu": cpu, "reason": str(exc)},
+        )
+        return False
+    return True
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m agent.proxy.worker")
     p.add_argument("--channel-fd", type=int, required=True)
@@ -594,6 +610,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--io-uring", choices=("on", "off"), default="on")
     p.add_argument("--plugin", action="append", default=[])
     p.add_argument("--log-level", default="info")
+    p.add_argument("--cpu", type=int, default=None)
     return p.parse_args(argv)
 
 
@@ -604,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
         args.log_level, f"%(asctime)s %(levelname)s worker-{args.worker_id} %(name)s: %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if args.cpu is not None:
+        pin(args.cpu)
     for plugin in args.plugin:
         load_plugin(plugin)
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # rule 7

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,7 @@ from agent.identity.manager import IdentityManager
 from agent.identity.tls import seal
 from agent.pods.source import ManifestPodSource
 from agent.proxy import channel as ch
-from agent.proxy import state
+from agent.proxy import placement, state
 from agent.proxy.pool import WorkerOptions, WorkerPool, h2_lanes_for
 from agent.redirect.model import Mode
 from agent.redirect.registry import Registry
@@ -150,6 +151,11 @@ class Supervisor:
                 h2_lanes=h2_lanes_for(s.workers),
                 plugins=s.worker_plugins,
                 log_level=s.log_level,
+                cpus=(
+                    placement.slot_cpus(os.sched_getaffinity(0), s.workers)
+                    if s.cpu_placement
+                    else ()
+                ),
             ),
             on_need=self.targets.need,
             on_stats=self._on_stats,
@@ -204,6 +210,7 @@ class Supervisor:
                 "node": s.node,
                 "mode": self.mode.value,
                 "workers": s.workers,
+                "cpus": list(self.pool.options.cpus),
                 "native": compiled,
             },
         )

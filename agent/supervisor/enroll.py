@@ -194,6 +194,7 @@ class Enrollments:
             outbound_port=spec.outbound_port,
             inbound_port=spec.inbound_port,
             copies=self.pool.n,  # one per worker (agent.proxy.listener rule 2)
+            steering=self.pool.steering,  # to the worker on the connection's CPU
         )
         ids = (f"{pod.key}/{pod.uid}/outbound", f"{pod.key}/{pod.uid}/inbound")
         try:

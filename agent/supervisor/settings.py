@@ -62,7 +62,18 @@ RUN_OPTIONS: tuple[Option, ...] = (
         default="iptables",
         help="capture mode",
     ),
-    Option(flag="--workers", parse=config.parse_positive_int, help="worker processes (CPUs)"),
+    Option(
+        flag="--workers",
+        parse=config.parse_positive_int,
+        help="worker processes (default: one per CPU this process may run on)",
+    ),
+    Option(
+        flag="--cpu-placement",
+        parse=config.choice("on", "off"),
+        default="on",
+        help="pin each worker to a CPU and give it the connections made on that CPU (on), "
+        "or let the kernel place workers and spread connections by hash (off)",
+    ),
     Option(
         flag="--admin-addr",
         parse=config.parse_host_port,
@@ -139,6 +150,7 @@ class RunSettings:
     node: str
     redirect: str = "iptables"
     workers: int = 1
+    cpu_placement: bool = True  # agent.proxy.placement
     admin_addr: tuple[str, int] = ("0.0.0.0", config.ADMIN_PORT)
     grace: float = 30.0
     h2_upgrade: str = "auto"  # one of H2_UPGRADE_MODES (agent.proxy.h1toh2 rule 7)
@@ -192,7 +204,8 @@ class RunSettings:
             manifests=values["pods_from"],
             node=values["node"] or socket.gethostname(),
             redirect=values["redirect"],
-            workers=values["workers"] or os.cpu_count() or 1,
+            workers=values["workers"] or len(os.sched_getaffinity(0)),
+            cpu_placement=values["cpu_placement"] == "on",
             admin_addr=values["admin_addr"],
             grace=values["grace"],
             h2_upgrade=values["h2_upgrade"],

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from agent import native
+from agent import native, netlab
 from agent.bench.mesh import free_port
 from agent.pods import discover
 
@@ -476,7 +476,6 @@ while True:
 
 
 def test_a_killed_worker_loses_only_its_own_connections(mesh: Mesh) -> None:
-    from agent.redirect import netns  # noqa: PLC0415
 
     a = mesh.pod("client", server=False)
     b = mesh.pod("echo", server=False)
@@ -488,14 +487,13 @@ def test_a_killed_worker_loses_only_its_own_connections(mesh: Mesh) -> None:
     conns: dict[int, socket.socket] = {}
     try:
         owners: dict[int, int] = {}
-        # Until both workers hold some (each accepts on its own socket of the listener's
-        # SO_REUSEPORT group; the kernel picks one per connection by its addresses).
-        for _ in range(200):
-            sock = netns.socket_in(a.netns)
-            sock.settimeout(5)
-            sock.connect((b.ip, 9000))  # captured: a's outbound listener, same-node hop
-            sock.sendall(b"hello")
-            assert sock.recv(16) == b"hello"
+        # Until both workers hold some. Each accepts on its own socket of the listener's
+        # SO_REUSEPORT group; the kernel picks one per connection, by the CPU it was made
+        # on (agent.proxy.placement) or, on one CPU, by its addresses: so the connections
+        # are made on each CPU in turn.
+        cpus = sorted(os.sched_getaffinity(0))
+        for i in range(200):
+            sock = netlab.on_cpu(cpus[i % len(cpus)], _echo_hello, a, b.ip)
             conns[sock.getsockname()[1]] = sock
             owners = ss_owner_by_port(a, 4140)
             if len(set(owners.values())) == 2 and len(conns) >= 6:
@@ -526,12 +524,13 @@ def _inbound_owners(client, pod, n: int) -> set[int]:
     from agent.redirect import netns  # noqa: PLC0415
 
     socks = []
+    cpus = sorted(os.sched_getaffinity(0))
     try:
-        for _ in range(n):
-            sock = netns.socket_in(client.netns)
+        for i in range(n):  # on each CPU in turn (the group is steered by CPU)
+            sock = netlab.on_cpu(cpus[i % len(cpus)], netns.socket_in, client.netns)
             socks.append(sock)
             sock.settimeout(5)
-            sock.connect((pod.ip, APP_PORT))
+            netlab.on_cpu(cpus[i % len(cpus)], sock.connect, (pod.ip, APP_PORT))
             sock.sendall(b"GET /?kept HTTP/1.1\r\nHost: web\r\n\r\n")
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
         out = pod.run(["ss", "-Htnp", "state", "established", f"( sport = :{APP_PORT} )"]).stdout
@@ -543,6 +542,69 @@ def _inbound_owners(client, pod, n: int) -> set[int]:
     finally:
         for sock in socks:
             sock.close()
+
+
+def _echo_hello(a, ip: str):
+    """A connection from pod `a` to its echo server at `ip`, captured by a's outbound
+    listener (a same-node hop), that has echoed once; the caller closes it."""
+    from agent.redirect import netns  # noqa: PLC0415
+
+    sock = netns.socket_in(a.netns)
+    try:
+        sock.settimeout(5)
+        sock.connect((ip, 9000))
+        sock.sendall(b"hello")
+        assert sock.recv(16) == b"hello"
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _allowed_cpus(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Cpus_allowed_list"))
+
+
+def test_workers_run_one_per_cpu_and_serve_the_connections_made_there(mesh: Mesh) -> None:
+    """`--cpu-placement on` (the default): worker i pinned to the i-th CPU, each pod's
+    listener group steered by CPU (agent.proxy.placement); `off` leaves both to the kernel."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("placement by CPU needs two CPUs")
+    a = mesh.pod("client", server=False)
+    b = mesh.pod("echo", server=False)
+    b.spawn([sys.executable, "-c", ECHO_SERVER])
+    mesh.start()
+    mesh.wait_ready()
+    by_cpu = {w["cpu"]: w["pid"] for w in mesh.dump()["workers"]}
+    assert sorted(by_cpu) == cpus[:2]
+    assert {cpu: _allowed_cpus(pid) for cpu, pid in by_cpu.items()} == {
+        cpu: str(cpu) for cpu in cpus[:2]
+    }
+    made: dict[int, int] = {}  # client port -> the CPU it connected on
+    conns = []
+    try:
+        for i in range(12):  # by hash, 6 and 6 on the right workers has p ~ 2e-4
+            cpu = cpus[i % 2]
+            sock = netlab.on_cpu(cpu, _echo_hello, a, b.ip)
+            conns.append(sock)
+            made[sock.getsockname()[1]] = cpu
+        owners = ss_owner_by_port(a, 4140)
+        assert {port: owners.get(port) for port in made} == {
+            port: by_cpu[cpu] for port, cpu in made.items()
+        }
+    finally:
+        for sock in conns:
+            sock.close()
+    assert mesh.stop() == 0
+    mesh.start("--cpu-placement", "off")
+    mesh.wait_ready()
+    workers = mesh.dump()["workers"]
+    assert [w["cpu"] for w in workers] == [None, None]
+    assert mesh.agent is not None
+    assert {_allowed_cpus(w["pid"]) for w in workers} == {_allowed_cpus(mesh.agent.pid)}
+    assert _echo_hello(a, b.ip).close() is None  # still served, by hash
 
 
 def _echo_once(a, ip: str) -> bool:

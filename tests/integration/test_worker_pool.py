@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from agent import netlab
+from agent.proxy import placement
 from agent.proxy.channel import Need, StateUpdate
 from agent.proxy.listener import (
     ListenerError,
@@ -75,8 +78,10 @@ async def echo_port(pod_netns):
 async def make_pool():
     pools: list[WorkerPool] = []
 
-    async def make(n: int, plugins: tuple[str, ...] = (PLUGIN,), **kw) -> WorkerPool:
-        options = WorkerOptions(plugins=plugins, stats_interval_s=0.1, grace_s=5.0)
+    async def make(
+        n: int, plugins: tuple[str, ...] = (PLUGIN,), cpus: tuple[int, ...] = (), **kw
+    ) -> WorkerPool:
+        options = WorkerOptions(plugins=plugins, stats_interval_s=0.1, grace_s=5.0, cpus=cpus)
         pool = WorkerPool(n, options=options, **kw)
         pools.append(pool)
         await pool.start(ready_timeout=15)
@@ -223,6 +228,108 @@ async def test_a_replaced_worker_takes_over_its_slots_socket_and_nothing_queued_
     assert replacement.pid != victim.pid
     assert stats[0].listeners == 1
     assert stats[0].accepted_total > 0  # slot 0's socket is the replacement's
+
+
+def _two_cpus() -> tuple[int, int]:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("steering by CPU needs two CPUs")
+    return cpus[0], cpus[1]
+
+
+def _allowed_cpus(pid: int) -> str:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Cpus_allowed_list"))
+
+
+def _connect_blocking(pod_netns: str, port: int) -> socket.socket:
+    sock = netns.socket_in(pod_netns)
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+async def test_placed_workers_run_on_their_cpus_and_take_the_connections_made_there(
+    make_pool, pod_netns, echo_port, clients
+):
+    """agent.proxy.placement: slot i pinned to CPU i, the group steered by CPU; a
+    replacement is pinned where its slot was."""
+    cpus = _two_cpus()
+    pool = await make_pool(2, cpus=cpus)
+    assert {w.worker_id: w.cpu for w in pool.workers} == {0: cpus[0], 1: cpus[1]}
+    assert {w.worker_id: _allowed_cpus(w.pid) for w in pool.workers} == {
+        0: str(cpus[0]),
+        1: str(cpus[1]),
+    }
+    assert pool.steering is not None
+    pool.broadcast(StateUpdate(key="test-target", value=("127.0.0.1", echo_port)))
+    listeners = open_pod_listeners(pod_netns, copies=2, steering=pool.steering)
+    inbound = listeners.inbound
+    pool.add_listener(
+        listener_id="out", pod="shop/web-1", kind=ListenerKind.OUTBOUND, netns=pod_netns,
+        socks=list(listeners.outbound),
+    )  # fmt: skip
+    for sock in inbound:
+        sock.close()
+    await _stats_until(pool, lambda s: all(x.listeners == 1 for x in s.values()))
+    # 12 from the first CPU, then 8 from the second: each lot to the worker there only
+    # (by hash, 12 of 12 on one worker has p ~ 5e-4).
+    for slot, n in ((0, 12), (1, 8)):
+        for _ in range(n):
+            sock = await asyncio.to_thread(
+                netlab.on_cpu, cpus[slot], _connect_blocking, pod_netns, 4140
+            )
+            clients.append(sock)
+            sock.setblocking(False)
+            assert await _echo(sock, b"on %d" % slot) == b"on %d" % slot
+    stats = await _stats_until(pool, lambda s: sum(x.accepted_total for x in s.values()) == 20)
+    assert {wid: s.accepted_total for wid, s in stats.items()} == {0: 12, 1: 8}
+    victim = next(w for w in pool.workers if w.worker_id == 1)
+    os.kill(victim.pid, signal.SIGKILL)  # a PID this test's pool started
+    async with asyncio.timeout(5):
+        while True:
+            new = [w for w in pool.workers if w.worker_id == 1 and w.pid != victim.pid]
+            if new and new[0].ready:
+                break
+            await asyncio.sleep(0.05)
+    assert _allowed_cpus(new[0].pid) == str(cpus[1])
+
+
+async def test_a_pool_with_more_workers_than_cpus_is_not_steered(make_pool):
+    cpus = _two_cpus()
+    pool = await make_pool(3, cpus=cpus)
+    assert [w.cpu for w in sorted(pool.workers, key=lambda w: w.worker_id)] == [*cpus, cpus[0]]
+    assert pool.steering is None  # two slots on the first CPU: the kernel's hash spreads
+
+
+def test_a_steered_group_falls_back_to_the_hash_on_a_cpu_without_a_slot(pod_netns):
+    """The kernel side of agent.proxy.placement rule 2, on real sockets."""
+    cpus = _two_cpus()
+    program = placement.steering_program({cpus[0]: 1})  # only the first CPU has a slot
+    listeners = open_pod_listeners(pod_netns, copies=2, steering=program)
+    socks: list[socket.socket] = []
+    try:
+        group = listeners.outbound
+        for sock in group:
+            sock.setblocking(True)
+            sock.settimeout(5)
+
+        def taken_by(cpu: int) -> int:
+            socks.append(netlab.on_cpu(cpu, _connect_blocking, pod_netns, 4140))
+            ready = select.select(group, [], [], 5)[0]
+            assert len(ready) == 1, ready
+            conn, _ = ready[0].accept()
+            conn.close()
+            return group.index(ready[0])
+
+        assert {taken_by(cpus[0]) for _ in range(10)} == {1}  # steered to slot 1
+        assert len(socks) == 10
+        spread = {taken_by(cpus[1]) for _ in range(24)}  # no slot: by hash, both (p ~ 1e-7)
+        assert spread == {0, 1}
+    finally:
+        for sock in socks:
+            sock.close()
+        listeners.close()
 
 
 async def test_a_listener_needs_one_socket_or_one_per_worker(make_pool, pod_netns):
