@@ -716,8 +716,7 @@ def _not_yet_notes(opts: Options) -> list[str]:
             "outbound -> inbound without TLS; -xnode: outbound -> mTLS -> inbound on the "
             f"other node; workers per node (and HAProxy threads, floor processes): "
             f"{per_node(1)} on one node, {per_node(2)} on two (the machine's CPUs per node); "
-            "each agent worker pinned to one of its node's CPUs and given the connections "
-            "made there (`--cpu-placement on`, the default), HAProxy's threads and the "
-            "floor's processes unpinned"
+            "each agent worker given the new connections made on one of its node's CPUs "
+            "(`--cpu-placement steer`, the default)"
         ),
     ]

@@ -15,8 +15,8 @@ Rules:
    opened on a port nothing listens on (a plain bind probes it first), so it
    never joins another process's SO_REUSEPORT listener: the port in use is a
    `ListenerError`, as for one socket. With `steering` (agent.proxy.placement), the
-   group carries a program that gives each new connection to the worker pinned on
-   the CPU it came in on; a kernel that refuses the program leaves the group
+   group carries a program that gives each new connection to the worker of the CPU
+   it came in on; a kernel that refuses the program leaves the group
    spreading by hash, with a warning, and the pod is served all the same.
 3. Upstream sockets (to an endpoint, or to the app on the pod's loopback) are
    created in the pod's namespace and carry `SO_MARK`, which the capture

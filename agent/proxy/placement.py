@@ -1,28 +1,31 @@
-"""Where the workers run: one CPU per worker slot, and each new connection steered to
-the worker on the CPU that took it in. Pure: the shells are `agent.proxy.listener`
-(`attach_steering`) and `agent.proxy.worker` (`--cpu`).
+"""Which worker takes a new connection: the one of the CPU the connection was made on.
+Pure: the shells are `agent.proxy.listener` (`attach_steering`), `agent.proxy.pool`
+and `agent.proxy.worker` (`--cpu`).
 
 Rules:
-1. `slot_cpus`: slot i runs on the i-th of the node's allowed CPUs in ascending order,
-   round robin when there are more slots than CPUs. A replaced worker keeps its slot's
-   CPU.
+1. `slot_cpus`: slot i belongs to the i-th of the node's allowed CPUs in ascending
+   order, round robin when there are more slots than CPUs. A replaced worker keeps
+   its slot's CPU.
 2. `steering_program`: a classic BPF program for a listener's SO_REUSEPORT group
    (`SO_ATTACH_REUSEPORT_CBPF`, one per group, agent.proxy.listener rule 2). It loads
-   the number of the CPU the kernel takes the SYN in on and returns the slot pinned
-   there, so the connection is accepted by that worker. On loopback and veth, the pod
-   paths here, that CPU is the connecting thread's; from a NIC it is the receive
-   queue's. A CPU without a slot returns an index past the group, and the kernel then
-   picks by the addresses' hash, as with no program.
+   the number of the CPU the kernel takes the SYN in on and returns that CPU's slot,
+   so the connection is accepted by that worker. On loopback and veth, the pod paths
+   here, that CPU is the connecting thread's; from a NIC it is the receive queue's. A
+   CPU without a slot returns an index past the group, and the kernel then picks by
+   the addresses' hash, as with no program.
 3. No steering (None) when a CPU has two slots: steering would send all of that CPU's
    connections to one of them and leave the other idle. So steering needs at most as
    many workers as CPUs, and at most `MAX_STEERED_CPUS` of them (the program's length
    limit).
-4. Why: on the bench's 2-vCPU machine a request/response between two processes takes
-   4.5 us on one CPU and 66 us across two (107 us with 2 ms between requests), because
-   waking an idle vCPU goes through the host. The mesh adds two hops to each request,
-   so where its worker runs is much of the latency it adds. Pinned and steered, a
-   worker serves the connections made on its CPU, whose client it most often wakes
-   there: bench/RESULTS.md, forty-first pass, has the numbers.
+4. `meshagent run --cpu-placement`: `steer` (the default) steers and lets the kernel
+   run each worker where it likes; `pin` also pins worker i to its CPU; `off` leaves
+   the kernel's hash. Measured on the bench's 2-vCPU machine (bench/RESULTS.md,
+   forty-first pass), where a round trip between two processes takes 4.5 us on one
+   CPU and 66 us across two (waking an idle vCPU goes through the host): steering
+   keeps a client's connections on one worker, which stays busy where two would each
+   be woken from idle (conn-rate +27%, http1-saturate +9%); pinning cut CPU per
+   request at 500-2,000 requests/s by a third more, but a single-process client then
+   shares its CPU with the one worker it is steered to (conn-rate -39%).
 """
 
 from __future__ import annotations

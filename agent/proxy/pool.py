@@ -25,10 +25,10 @@ Rules:
    worker's argv, e.g. `valgrind --tool=callgrind ...` (agent.bench.callgrind). A
    wrapped worker may start many times slower, so `start` then waits up to
    `WRAPPED_READY_S` for it.
-7. Placement (agent.proxy.placement): with `WorkerOptions.cpus`, slot i's worker, and
-   each replacement of it, pins itself to slot i's CPU (`--cpu`), and `steering` is
-   the program the supervisor puts on each listener group, so that a connection made
-   on a CPU is accepted by the worker there.
+7. Placement (agent.proxy.placement): with `WorkerOptions.cpus`, slot i takes the
+   connections made on slot i's CPU: `steering` is the program the supervisor puts on
+   each listener group. With `WorkerOptions.pin` too, slot i's worker, and each
+   replacement of it, pins itself to that CPU (`--cpu`).
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ class WorkerOptions:
     python: str = sys.executable
     wrap: tuple[str, ...] = field(default_factory=wrap_from_env)  # rule 6
     env: Mapping[str, str] | None = None
-    cpus: tuple[int, ...] = ()  # slot i's CPU (agent.proxy.placement); () leaves them free
+    cpus: tuple[int, ...] = ()  # slot i's CPU (agent.proxy.placement); () steers nothing
+    pin: bool = False  # each worker runs on its slot's CPU only (rule 7)
 
     def argv(self, channel_fd: int, worker_id: int) -> list[str]:
         argv = [
@@ -117,7 +118,7 @@ class WorkerOptions:
         argv += ["--h2-upgrade", self.h2_upgrade, f"--h2-lanes={self.h2_lanes}"]
         argv += ["--io-uring", "on" if self.io_uring else "off"]
         cpu = self.cpu_of(worker_id)
-        if cpu is not None:
+        if cpu is not None and self.pin:
             argv.append(f"--cpu={cpu}")
         argv.extend(f"--plugin={p}" for p in self.plugins)
         return argv
@@ -136,7 +137,8 @@ class WorkerInfo:
     ready: bool
     age_s: float
     stats: ch.Stats | None
-    cpu: int | None = None  # the CPU it is pinned to (agent.proxy.placement rule 1)
+    cpu: int | None = None  # the CPU whose connections it takes (agent.proxy.placement)
+    pinned: bool = False  # and it runs there only
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -388,6 +390,7 @@ class WorkerPool:
                 age_s=now - p.started,
                 stats=p.stats,
                 cpu=self.options.cpu_of(p.worker_id),
+                pinned=self.options.pin and bool(self.options.cpus),
             )
             for p in self._procs.values()
         ]

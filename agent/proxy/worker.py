@@ -45,9 +45,10 @@ Rules:
    `worker-<id>-<pid>.tsv` when it exits (`calls<TAB>file:line<TAB>function`).
    On the compiled request path a count that grows with the requests names an
    interpreted function still on it (agent.bench.interp).
-9. `--cpu N` (agent.proxy.pool rule 7): the worker pins itself, every thread it will
-   start with it, to CPU N before anything else. A CPU it may not use (the node's set
-   changed) is logged and the worker runs wherever the kernel puts it.
+9. `--cpu N` (agent.proxy.pool rule 7, `--cpu-placement pin`): the worker pins
+   itself, and every thread it will start, to CPU N before anything else. A CPU it
+   may not use (the node's set changed) is logged and the worker runs wherever the
+   kernel puts it.
 """
 
 from __future__ import annotations

@@ -153,9 +153,10 @@ class Supervisor:
                 log_level=s.log_level,
                 cpus=(
                     placement.slot_cpus(os.sched_getaffinity(0), s.workers)
-                    if s.cpu_placement
+                    if s.cpu_placement != "off"
                     else ()
                 ),
+                pin=s.cpu_placement == "pin",
             ),
             on_need=self.targets.need,
             on_stats=self._on_stats,
@@ -210,7 +211,7 @@ class Supervisor:
                 "node": s.node,
                 "mode": self.mode.value,
                 "workers": s.workers,
-                "cpus": list(self.pool.options.cpus),
+                "cpu_placement": s.cpu_placement,
                 "native": compiled,
             },
         )

@@ -68,7 +68,7 @@ def config_dump(sup: Supervisor) -> dict[str, Any]:
             for st in (sup.identity.status() if sup.identity else [])
         ],
         "workers": [
-            {"id": w.worker_id, "pid": w.pid, "ready": w.ready, "cpu": w.cpu}
+            {"id": w.worker_id, "pid": w.pid, "ready": w.ready, "cpu": w.cpu, "pinned": w.pinned}
             for w in (sup.pool.workers if sup.pool else [])
         ],
         "listeners": sup.pool.listener_ids if sup.pool else [],

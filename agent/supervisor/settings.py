@@ -20,6 +20,7 @@ from agent.proxy.pool import H2_UPGRADE_MODES
 
 REDIRECT_MODES = ("iptables", "ebpf", "auto")
 EMBEDDED = "embedded"
+CPU_PLACEMENTS = ("steer", "pin", "off")
 
 
 def parse_pods_from(raw: str) -> Path:
@@ -69,10 +70,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         flag="--cpu-placement",
-        parse=config.choice("on", "off"),
-        default="on",
-        help="pin each worker to a CPU and give it the connections made on that CPU (on), "
-        "or let the kernel place workers and spread connections by hash (off)",
+        parse=config.choice(*CPU_PLACEMENTS),
+        default="steer",
+        help="give worker i the new connections made on the i-th CPU (steer), and run it "
+        "there only (pin), or let the kernel spread connections by hash (off)",
     ),
     Option(
         flag="--admin-addr",
@@ -150,7 +151,7 @@ class RunSettings:
     node: str
     redirect: str = "iptables"
     workers: int = 1
-    cpu_placement: bool = True  # agent.proxy.placement
+    cpu_placement: str = "steer"  # one of CPU_PLACEMENTS (agent.proxy.placement)
     admin_addr: tuple[str, int] = ("0.0.0.0", config.ADMIN_PORT)
     grace: float = 30.0
     h2_upgrade: str = "auto"  # one of H2_UPGRADE_MODES (agent.proxy.h1toh2 rule 7)
@@ -205,7 +206,7 @@ class RunSettings:
             node=values["node"] or socket.gethostname(),
             redirect=values["redirect"],
             workers=values["workers"] or len(os.sched_getaffinity(0)),
-            cpu_placement=values["cpu_placement"] == "on",
+            cpu_placement=values["cpu_placement"],
             admin_addr=values["admin_addr"],
             grace=values["grace"],
             h2_upgrade=values["h2_upgrade"],

@@ -79,9 +79,15 @@ async def make_pool():
     pools: list[WorkerPool] = []
 
     async def make(
-        n: int, plugins: tuple[str, ...] = (PLUGIN,), cpus: tuple[int, ...] = (), **kw
+        n: int,
+        plugins: tuple[str, ...] = (PLUGIN,),
+        cpus: tuple[int, ...] = (),
+        pin: bool = False,
+        **kw,
     ) -> WorkerPool:
-        options = WorkerOptions(plugins=plugins, stats_interval_s=0.1, grace_s=5.0, cpus=cpus)
+        options = WorkerOptions(
+            plugins=plugins, stats_interval_s=0.1, grace_s=5.0, cpus=cpus, pin=pin
+        )
         pool = WorkerPool(n, options=options, **kw)
         pools.append(pool)
         await pool.start(ready_timeout=15)
@@ -249,17 +255,22 @@ def _connect_blocking(pod_netns: str, port: int) -> socket.socket:
     return sock
 
 
-async def test_placed_workers_run_on_their_cpus_and_take_the_connections_made_there(
-    make_pool, pod_netns, echo_port, clients
+@pytest.mark.parametrize("pin", [False, True], ids=["steer", "pin"])
+async def test_placed_workers_take_the_connections_made_on_their_cpus(
+    make_pool, pod_netns, echo_port, clients, pin
 ):
-    """agent.proxy.placement: slot i pinned to CPU i, the group steered by CPU; a
-    replacement is pinned where its slot was."""
+    """agent.proxy.placement: slot i takes what is made on CPU i, the group steered by
+    CPU; with `pin` it also runs there only, and so does a replacement."""
     cpus = _two_cpus()
-    pool = await make_pool(2, cpus=cpus)
-    assert {w.worker_id: w.cpu for w in pool.workers} == {0: cpus[0], 1: cpus[1]}
+    pool = await make_pool(2, cpus=cpus, pin=pin)
+    assert {w.worker_id: (w.cpu, w.pinned) for w in pool.workers} == {
+        0: (cpus[0], pin),
+        1: (cpus[1], pin),
+    }
+    anywhere = _allowed_cpus(os.getpid())
     assert {w.worker_id: _allowed_cpus(w.pid) for w in pool.workers} == {
-        0: str(cpus[0]),
-        1: str(cpus[1]),
+        0: str(cpus[0]) if pin else anywhere,
+        1: str(cpus[1]) if pin else anywhere,
     }
     assert pool.steering is not None
     pool.broadcast(StateUpdate(key="test-target", value=("127.0.0.1", echo_port)))
@@ -292,12 +303,12 @@ async def test_placed_workers_run_on_their_cpus_and_take_the_connections_made_th
             if new and new[0].ready:
                 break
             await asyncio.sleep(0.05)
-    assert _allowed_cpus(new[0].pid) == str(cpus[1])
+    assert _allowed_cpus(new[0].pid) == (str(cpus[1]) if pin else anywhere)
 
 
 async def test_a_pool_with_more_workers_than_cpus_is_not_steered(make_pool):
     cpus = _two_cpus()
-    pool = await make_pool(3, cpus=cpus)
+    pool = await make_pool(3, cpus=cpus, pin=True)
     assert [w.cpu for w in sorted(pool.workers, key=lambda w: w.worker_id)] == [*cpus, cpus[0]]
     assert pool.steering is None  # two slots on the first CPU: the kernel's hash spreads
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
@@ -54,3 +55,21 @@ def test_a_bad_h2_upgrade_value_names_the_variable(tmp_path):
     with pytest.raises(SettingError, match="MESHAGENT_H2_UPGRADE") as err:
         _settings(tmp_path, [], {"MESHAGENT_H2_UPGRADE": "yes"})
     assert "auto, on, off" in str(err.value)
+
+
+def test_cpu_placement_is_steer_unless_asked_and_pins_only_when_pin(tmp_path):
+    assert _settings(tmp_path, []).cpu_placement == "steer"
+    assert _settings(tmp_path, ["--cpu-placement", "pin"]).cpu_placement == "pin"
+    assert _settings(tmp_path, [], {"MESHAGENT_CPU_PLACEMENT": "off"}).cpu_placement == "off"
+    with pytest.raises(SettingError, match="MESHAGENT_CPU_PLACEMENT") as err:
+        _settings(tmp_path, [], {"MESHAGENT_CPU_PLACEMENT": "on"})
+    assert "steer, pin, off" in str(err.value)
+    steered = WorkerOptions(cpus=(4, 6)).argv(3, 1)
+    assert worker.parse_args(steered[3:]).cpu is None  # steered, runs anywhere
+    pinned = WorkerOptions(cpus=(4, 6), pin=True)
+    assert [worker.parse_args(pinned.argv(3, i)[3:]).cpu for i in range(3)] == [4, 6, 4]
+
+
+def test_workers_default_to_the_cpus_this_process_may_use(tmp_path):
+    assert _settings(tmp_path, []).workers == len(os.sched_getaffinity(0))
+    assert _settings(tmp_path, ["--workers", "3"]).workers == 3
