@@ -716,7 +716,7 @@ def _not_yet_notes(opts: Options) -> list[str]:
             "outbound -> inbound without TLS; -xnode: outbound -> mTLS -> inbound on the "
             f"other node; workers per node (and HAProxy threads, floor processes): "
             f"{per_node(1)} on one node, {per_node(2)} on two (the machine's CPUs per node); "
-            "each agent worker given the new connections made on one of its node's CPUs "
-            "(`--cpu-placement steer`, the default)"
+            "agent workers placed by the kernel, connections spread over them by hash "
+            "(`--cpu-placement off`, the default)"
         ),
     ]

@@ -17,15 +17,17 @@ Rules:
    connections to one of them and leave the other idle. So steering needs at most as
    many workers as CPUs, and at most `MAX_STEERED_CPUS` of them (the program's length
    limit).
-4. `meshagent run --cpu-placement`: `steer` (the default) steers and lets the kernel
-   run each worker where it likes; `pin` also pins worker i to its CPU; `off` leaves
-   the kernel's hash. Measured on the bench's 2-vCPU machine (bench/RESULTS.md,
+4. `meshagent run --cpu-placement`: `off` (the default) leaves the kernel's hash;
+   `steer` steers and lets the kernel run each worker where it likes; `pin` also pins
+   worker i to its CPU. Measured on the bench's 2-vCPU machine (bench/RESULTS.md,
    forty-first pass), where a round trip between two processes takes 4.5 us on one
    CPU and 66 us across two (waking an idle vCPU goes through the host): steering
    keeps a client's connections on one worker, which stays busy where two would each
-   be woken from idle (conn-rate +27%, http1-saturate +9%); pinning cut CPU per
-   request at 500-2,000 requests/s by a third more, but a single-process client then
-   shares its CPU with the one worker it is steered to (conn-rate -39%).
+   be woken from idle (conn-rate +27%, http1-saturate +9%), but a one-process
+   client's bursts then queue on that one worker (p99 at saturation 1.7x). Pinning
+   cut CPU per request at 500-2,000 requests/s by a further third, but such a client
+   then shares its CPU with its one worker (conn-rate -39%). Neither is the default
+   while the tail latency goal is the tighter one.
 """
 
 from __future__ import annotations

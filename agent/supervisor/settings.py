@@ -71,7 +71,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option(
         flag="--cpu-placement",
         parse=config.choice(*CPU_PLACEMENTS),
-        default="steer",
+        default="off",
         help="give worker i the new connections made on the i-th CPU (steer), and run it "
         "there only (pin), or let the kernel spread connections by hash (off)",
     ),
@@ -151,7 +151,7 @@ class RunSettings:
     node: str
     redirect: str = "iptables"
     workers: int = 1
-    cpu_placement: str = "steer"  # one of CPU_PLACEMENTS (agent.proxy.placement)
+    cpu_placement: str = "off"  # one of CPU_PLACEMENTS (agent.proxy.placement)
     admin_addr: tuple[str, int] = ("0.0.0.0", config.ADMIN_PORT)
     grace: float = 30.0
     h2_upgrade: str = "auto"  # one of H2_UPGRADE_MODES (agent.proxy.h1toh2 rule 7)

@@ -588,8 +588,8 @@ def _serve_by_cpu(mesh: Mesh, a, b, cpus: list[int]) -> dict[int, int]:
 
 
 def test_workers_serve_the_connections_made_on_their_cpus(mesh: Mesh) -> None:
-    """`--cpu-placement steer` (the default): worker i takes the connections made on the
-    i-th CPU and runs anywhere; `pin`: and runs there only; `off`: the kernel's hash
+    """`--cpu-placement steer`: worker i takes the connections made on the i-th CPU and
+    runs anywhere; `pin`: and runs there only; `off` (the default): the kernel's hash
     (agent.proxy.placement)."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -597,7 +597,7 @@ def test_workers_serve_the_connections_made_on_their_cpus(mesh: Mesh) -> None:
     a = mesh.pod("client", server=False)
     b = mesh.pod("echo", server=False)
     b.spawn([sys.executable, "-c", ECHO_SERVER])
-    mesh.start()
+    mesh.start("--cpu-placement", "steer")
     mesh.wait_ready()
     assert mesh.agent is not None
     anywhere = _allowed_cpus(mesh.agent.pid)
@@ -613,7 +613,7 @@ def test_workers_serve_the_connections_made_on_their_cpus(mesh: Mesh) -> None:
     }
     assert all(w["pinned"] for w in mesh.dump()["workers"])
     assert mesh.stop() == 0
-    mesh.start("--cpu-placement", "off")
+    mesh.start()
     mesh.wait_ready()
     workers = mesh.dump()["workers"]
     assert [w["cpu"] for w in workers] == [None, None]

@@ -57,10 +57,10 @@ def test_a_bad_h2_upgrade_value_names_the_variable(tmp_path):
     assert "auto, on, off" in str(err.value)
 
 
-def test_cpu_placement_is_steer_unless_asked_and_pins_only_when_pin(tmp_path):
-    assert _settings(tmp_path, []).cpu_placement == "steer"
+def test_cpu_placement_is_off_unless_asked_and_pins_only_when_pin(tmp_path):
+    assert _settings(tmp_path, []).cpu_placement == "off"
     assert _settings(tmp_path, ["--cpu-placement", "pin"]).cpu_placement == "pin"
-    assert _settings(tmp_path, [], {"MESHAGENT_CPU_PLACEMENT": "off"}).cpu_placement == "off"
+    assert _settings(tmp_path, [], {"MESHAGENT_CPU_PLACEMENT": "steer"}).cpu_placement == "steer"
     with pytest.raises(SettingError, match="MESHAGENT_CPU_PLACEMENT") as err:
         _settings(tmp_path, [], {"MESHAGENT_CPU_PLACEMENT": "on"})
     assert "steer, pin, off" in str(err.value)
