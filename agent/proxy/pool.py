@@ -124,7 +124,7 @@ class WorkerOptions:
         return argv
 
     def cpu_of(self, worker_id: int) -> int | None:
-        """The CPU slot `worker_id` runs on, or None (anywhere)."""
+        """The CPU of slot `worker_id` (whose connections it takes, rule 7), or None."""
         return self.cpus[worker_id % len(self.cpus)] if self.cpus else None
 
 
