@@ -32,7 +32,8 @@ Rules:
    (`agent.netlab_pods` rule 4); `None` lifts it.
 7. `on_cpu(cpu, fn, *args)` runs `fn` in a thread of this process pinned to `cpu`:
    a connection it makes over a pod's loopback or veth is taken in on that CPU, which
-   is what the proxy's steering (agent.proxy.placement) goes by.
+   is what the proxy's steering (agent.proxy.placement) goes by; `allowed_cpus(pid)`
+   reads back where a process may run, as the kernel lists it.
 """
 
 from __future__ import annotations
@@ -427,3 +428,9 @@ def on_cpu(cpu: int, fn: Callable[..., _T], *args: Any, timeout: float = 10.0) -
     if not out:
         raise TimeoutError(f"{fn!r} did not return within {timeout} s on CPU {cpu}")
     return out[0]
+
+
+def allowed_cpus(pid: int) -> str:
+    """The CPUs process `pid` may run on, as /proc lists them (`0-1`, `3`): rule 7."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Cpus_allowed_list"))

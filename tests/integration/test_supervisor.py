@@ -561,11 +561,6 @@ def _echo_hello(a, ip: str):
     return sock
 
 
-def _allowed_cpus(pid: int) -> str:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Cpus_allowed_list"))
-
-
 def _serve_by_cpu(mesh: Mesh, a, b, cpus: list[int]) -> dict[int, int]:
     """CPU -> the worker PID that took the connections made on it (each lot to one)."""
     by_cpu = {w["cpu"]: w["pid"] for w in mesh.dump()["workers"]}
@@ -600,15 +595,15 @@ def test_workers_serve_the_connections_made_on_their_cpus(mesh: Mesh) -> None:
     mesh.start("--cpu-placement", "steer")
     mesh.wait_ready()
     assert mesh.agent is not None
-    anywhere = _allowed_cpus(mesh.agent.pid)
+    anywhere = netlab.allowed_cpus(mesh.agent.pid)
     by_cpu = _serve_by_cpu(mesh, a, b, cpus)
     assert sorted(by_cpu) == cpus[:2]
-    assert {_allowed_cpus(pid) for pid in by_cpu.values()} == {anywhere}
+    assert {netlab.allowed_cpus(pid) for pid in by_cpu.values()} == {anywhere}
     assert mesh.stop() == 0
     mesh.start("--cpu-placement", "pin")
     mesh.wait_ready()
     by_cpu = _serve_by_cpu(mesh, a, b, cpus)
-    assert {cpu: _allowed_cpus(pid) for cpu, pid in by_cpu.items()} == {
+    assert {cpu: netlab.allowed_cpus(pid) for cpu, pid in by_cpu.items()} == {
         cpu: str(cpu) for cpu in cpus[:2]
     }
     assert all(w["pinned"] for w in mesh.dump()["workers"])
@@ -618,7 +613,7 @@ def test_workers_serve_the_connections_made_on_their_cpus(mesh: Mesh) -> None:
     workers = mesh.dump()["workers"]
     assert [w["cpu"] for w in workers] == [None, None]
     assert mesh.agent is not None
-    assert {_allowed_cpus(w["pid"]) for w in workers} == {_allowed_cpus(mesh.agent.pid)}
+    assert {netlab.allowed_cpus(w["pid"]) for w in workers} == {netlab.allowed_cpus(mesh.agent.pid)}
     _echo_hello(a, b.ip).close()  # still served (it checks the echo), by hash
 
 

@@ -243,11 +243,6 @@ def _two_cpus() -> tuple[int, int]:
     return cpus[0], cpus[1]
 
 
-def _allowed_cpus(pid: int) -> str:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Cpus_allowed_list"))
-
-
 def _connect_blocking(pod_netns: str, port: int) -> socket.socket:
     sock = netns.socket_in(pod_netns)
     sock.settimeout(5)
@@ -267,8 +262,8 @@ async def test_placed_workers_take_the_connections_made_on_their_cpus(
         0: (cpus[0], pin),
         1: (cpus[1], pin),
     }
-    anywhere = _allowed_cpus(os.getpid())
-    assert {w.worker_id: _allowed_cpus(w.pid) for w in pool.workers} == {
+    anywhere = netlab.allowed_cpus(os.getpid())
+    assert {w.worker_id: netlab.allowed_cpus(w.pid) for w in pool.workers} == {
         0: str(cpus[0]) if pin else anywhere,
         1: str(cpus[1]) if pin else anywhere,
     }
@@ -303,7 +298,7 @@ async def test_placed_workers_take_the_connections_made_on_their_cpus(
             if new and new[0].ready:
                 break
             await asyncio.sleep(0.05)
-    assert _allowed_cpus(new[0].pid) == (str(cpus[1]) if pin else anywhere)
+    assert netlab.allowed_cpus(new[0].pid) == (str(cpus[1]) if pin else anywhere)
 
 
 async def test_a_pool_with_more_workers_than_cpus_is_not_steered(make_pool):
