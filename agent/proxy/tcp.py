@@ -36,7 +36,7 @@ import contextlib
 import logging
 import socket
 import struct
-from typing import TYPE_CHECKING, ClassVar, Final, cast
+from typing import TYPE_CHECKING, Final, cast
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -98,9 +98,6 @@ class _Side(asyncio.Protocol):
     """One transport of a relay; writes what it reads to its peer."""
 
     __slots__ = ("eof", "lost", "name", "nbytes", "peer", "relay", "transport")
-    # A TLS side hands over many records' plaintext in one bytearray (agent.proxy.tlsio
-    # rule 5): written on as it is, like bytes.
-    takes_buffers: ClassVar[bool] = True
 
     def __init__(self, relay: Relay, name: str) -> None:
         self.relay = relay
@@ -117,7 +114,7 @@ class _Side(asyncio.Protocol):
         self.transport = tr
         tr.set_write_buffer_limits(self.relay.high_water, self.relay.low_water)
 
-    def data_received(self, data: bytes | bytearray) -> None:
+    def data_received(self, data: bytes) -> None:
         self.nbytes += len(data)
         out = self.peer.transport  # never None: downstream reads only after `start`
         if out is not None and not out.is_closing():

@@ -25,12 +25,6 @@ Rules:
    OpenSSL's shutdown reads on after sending close_notify, and application
    data it meets there is an error that ends every later read.
 4. Callbacks never raise into the loop: a TLS error aborts the connection.
-5. A protocol that says it takes buffers (`takes_buffers = True`: the TCP relay's
-   sides) gets every whole record waiting, up to `BATCH_MAX` bytes of plaintext,
-   decrypted into one `bytearray` per delivery, so what one raw read brought in is
-   written on in one call, not one per 16 KiB record (bench/RESULTS.md, forty-second
-   pass). The end of the stream or an error met after some of them is delivered
-   after them. Any other protocol gets one record's `bytes` at a time.
 
 Compiled with mypyc (agent.native): every request of a cross-node hop passes through
 here twice on each side. Per record the session's reads and writes go to the C object
@@ -57,9 +51,6 @@ if TYPE_CHECKING:
 # threshold, 128 KiB, that is an mmap and page faults per call: measured 15 us per small
 # record with 256 KiB). A read that returns less than n has emptied the session's buffer.
 READ_CHUNK: Final = 16 * 1024
-# Plaintext decrypted into one buffer for a protocol that takes buffers (rule 5): what
-# one raw read brings in at most (uvloop reads up to 256 KiB).
-BATCH_MAX: Final = 256 * 1024
 
 
 def _decrypt(read: Callable[[int], bytes]) -> bytes | None:
@@ -75,36 +66,6 @@ def _decrypt(read: Callable[[int], bytes]) -> bytes | None:
         return None
     except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
         return b""
-
-
-# What stopped `_decrypt_into`.
-_MORE: Final = 0  # no whole record left, or the buffer is full
-_END: Final = 1  # the peer's end of the stream
-_BROKEN: Final = 2  # a TLS error
-
-
-def _decrypt_into(read: Callable[..., Any], buf: bytearray) -> tuple[int, int]:
-    """Decrypt whole records into `buf` (rule 5): how many bytes, and what stopped it."""
-    view = memoryview(buf)
-    size = len(buf)
-    n = 0
-    stop = _MORE
-    try:
-        while n < size:
-            got: int = read(min(READ_CHUNK, size - n), view[n:])
-            if not got:  # close_notify received and ours not sent: read returns 0
-                stop = _END
-                break
-            n += got
-    except ssl.SSLWantReadError:
-        pass
-    except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-        stop = _END
-    except (ssl.SSLError, OSError):
-        stop = _BROKEN
-    finally:
-        view.release()
-    return n, stop
 
 
 class TlsHandshakeError(AgentError):
@@ -168,15 +129,13 @@ class TlsTransport(asyncio.Transport):
         # raising the same exceptions, without an interpreted call each (module docstring).
         self._ssl: Any = getattr(self._obj, "_sslobj", self._obj)
         # Per record: bound once, called without a method lookup each time.
-        self._ssl_read: Callable[..., Any] = self._ssl.read  # (n) -> bytes; (n, buffer) -> int
+        self._ssl_read: Callable[[int], bytes] = self._ssl.read
         self._ssl_write: Callable[[bytes | bytearray | memoryview], int] = self._ssl.write
         self._in_write: Callable[[bytes], int] = self._in.write
         self._out_read: Callable[[], bytes] = self._out.read
         self._raw_write: Callable[[bytes], None] = raw.write
         self._proto: asyncio.Protocol | None = None
-        # Its data_received: given a bytearray too when `_batch` (rule 5).
-        self._proto_data: Callable[[bytes | bytearray], None] | None = None
-        self._batch = False
+        self._proto_data: Callable[[bytes], None] | None = None  # its data_received
         self._done: asyncio.Future[None] = self._loop.create_future()
         self._established = False  # the handshake completed (`_done` holds its result)
         self._paused = False
@@ -276,13 +235,11 @@ class TlsTransport(asyncio.Transport):
                     break
                 continue
             try:
-                data = self._decrypt_next(read, bio)
+                data = _decrypt(read)
             except (ssl.SSLError, OSError):
                 self.abort()
                 return
             if data is None:
-                if self._ahead is not None:
-                    continue  # the end or an error that `_decrypt_many` met
                 break
             if not data:
                 self._peer_ended(proto)
@@ -296,33 +253,7 @@ class TlsTransport(asyncio.Transport):
                 break  # nothing left to decrypt: skip the read that would raise SSLWantReadError
         self._flush()
 
-    def _decrypt_next(
-        self, read: Callable[..., Any], bio: ssl.MemoryBIO
-    ) -> bytes | bytearray | None:
-        """The next plaintext to deliver: many records' worth for a protocol that takes
-        buffers when more than one is waiting (rule 5), else one (`_decrypt`)."""
-        if self._batch and bio.pending >= 2 * READ_CHUNK:
-            return self._decrypt_many(min(bio.pending + self._ssl.pending(), BATCH_MAX))
-        return _decrypt(read)
-
-    def _decrypt_many(self, size: int) -> bytearray | None:
-        """Rule 5: every whole record waiting, up to `size` bytes of plaintext, in one
-        buffer; None when there was none. What ended the reading (the peer's end, an
-        error) waits in `_ahead`, to be delivered after the records.
-        """
-        buf = bytearray(size)
-        n, stop = _decrypt_into(self._ssl_read, buf)
-        if stop != _MORE:
-            self._ahead = deque((b"" if stop == _END else None,))
-        if not n:
-            return None
-        if n < size:
-            del buf[n:]
-        return buf
-
-    def _deliver_ahead(
-        self, proto: asyncio.Protocol, deliver: Callable[[bytes | bytearray], None]
-    ) -> bool:
+    def _deliver_ahead(self, proto: asyncio.Protocol, deliver: Callable[[bytes], None]) -> bool:
         """Hand over what `_read_ahead` kept; True when it is all gone and reading goes on."""
         ahead = self._ahead
         while ahead and not self._paused:
@@ -374,8 +305,7 @@ class TlsTransport(asyncio.Transport):
 
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._proto = cast("asyncio.Protocol", protocol)
-        self._proto_data = cast("Callable[[bytes | bytearray], None]", self._proto.data_received)
-        self._batch = getattr(protocol, "takes_buffers", False) is True
+        self._proto_data = self._proto.data_received
 
     def get_protocol(self) -> asyncio.BaseProtocol:
         assert self._proto is not None  # noqa: S101 - set before use

@@ -3,8 +3,8 @@
 The module's rules on asyncio's loop and on uvloop (the workers' loop): a server that
 read the ClientHello before it decided to terminate (`initial`), data both ways and in
 order across records of every size (one of exactly READ_CHUNK), reading paused with
-records waiting, half-close (rule 3), bad bytes that end their own connection only
-(rule 4), and many records in one buffer for a protocol that takes buffers (rule 5).
+records waiting, half-close (rule 3), and bad bytes that end their own connection only
+(rule 4).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 from agent.identity import ca
 from agent.identity.names import Identity
 from agent.identity.tls import client_context, peer_identity, server_context
-from agent.proxy.tlsio import BATCH_MAX, READ_CHUNK, TlsHandshakeError, TlsTransport
+from agent.proxy.tlsio import READ_CHUNK, TlsHandshakeError, TlsTransport
 
 if TYPE_CHECKING:
     import ssl
@@ -74,26 +74,6 @@ class _Peer(asyncio.Protocol):
             self.grew.clear()
             await asyncio.wait_for(self.grew.wait(), 10)
         return bytes(self.data)
-
-
-class _TakesBuffers(_Peer):
-    """A protocol that takes buffers (rule 5), as the TCP relay's sides do; notes the
-    type and size of each delivery, and how much had arrived when the end came."""
-
-    takes_buffers = True
-
-    def __init__(self, *, keep_open: bool = False) -> None:
-        super().__init__(keep_open=keep_open)
-        self.deliveries: list[tuple[type, int]] = []
-        self.data_at_eof = -1
-
-    def data_received(self, data: bytes) -> None:
-        self.deliveries.append((type(data), len(data)))
-        super().data_received(data)
-
-    def eof_received(self) -> bool:
-        self.data_at_eof = len(self.data)
-        return super().eof_received()
 
 
 class _FirstChunk(asyncio.Protocol):
@@ -278,66 +258,5 @@ def test_a_client_of_another_mesh_fails_the_handshake(run, contexts):
         with pytest.raises(TlsHandshakeError, match=r"tls handshake with 127\.0\.0\.1:"):
             async with _pair(contexts, _Peer(), _Peer(), client="foreign_client"):
                 pass
-
-    run(body)
-
-
-MIB = bytes(range(256)) * 4096
-
-
-def test_a_protocol_that_takes_buffers_gets_many_records_per_delivery(run, contexts):
-    async def body() -> None:
-        server, client = _TakesBuffers(), _Peer()
-        deliveries: list[tuple[type, int]] = []
-        client.data_received = lambda data: (  # type: ignore[method-assign]
-            deliveries.append((type(data), len(data))),
-            _Peer.data_received(client, data),
-        )
-        async with _pair(contexts, server, client) as (ctls, stls):
-            stls.pause_reading()
-            ctls.write(MIB)  # 64 records, waiting in the socket while the server pauses
-            await asyncio.sleep(0.2)
-            stls.resume_reading()
-            assert await server.until(len(MIB)) == MIB
-            sizes = [n for _, n in server.deliveries]
-            assert max(sizes) > 2 * READ_CHUNK  # several records in one delivery
-            assert max(sizes) <= BATCH_MAX
-            assert len(sizes) < len(MIB) // READ_CHUNK
-            assert bytearray in {t for t, _ in server.deliveries}
-            stls.write(MIB)  # back to a protocol that does not take buffers
-            assert await client.until(len(MIB)) == MIB
-            assert {t for t, _ in deliveries} == {bytes}
-            assert max(n for _, n in deliveries) <= READ_CHUNK
-
-    run(body)
-
-
-def test_the_end_met_after_records_in_one_buffer_comes_after_them(run, contexts):
-    async def body() -> None:
-        server, client = _TakesBuffers(keep_open=True), _Peer()
-        async with _pair(contexts, server, client) as (ctls, stls):
-            stls.pause_reading()
-            ctls.write(MIB)
-            ctls.write_eof()  # close_notify right behind the last record
-            await asyncio.sleep(0.2)
-            stls.resume_reading()
-            await asyncio.wait_for(server.eof.wait(), 5)
-            assert server.data == MIB
-            assert server.data_at_eof == len(MIB)
-
-    run(body)
-
-
-def test_records_before_a_forged_one_are_all_delivered_then_the_connection_ends(run, contexts):
-    async def body() -> None:
-        server = _TakesBuffers()
-        async with _pair(contexts, server, _Peer()) as (ctls, stls):
-            stls.pause_reading()
-            ctls.write(MIB)
-            ctls._raw.write(b"\x17\x03\x03\x00\x05garbage")  # a forged record after them
-            await asyncio.sleep(0.2)
-            stls.resume_reading()
-            await asyncio.wait_for(server.lost.wait(), 5)
-            assert server.data == MIB
 
     run(body)
