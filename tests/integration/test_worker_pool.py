@@ -650,3 +650,59 @@ async def test_default_handler_relays_a_redirected_connection_to_its_original_de
     finally:
         server.close()
         await server.wait_closed()
+
+
+def _minor_faults(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:  # noqa: PTH123 - a /proc read
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+async def _both_ways(sock: socket.socket, total: int) -> None:
+    """Send `total` bytes through the echo relay while reading them back."""
+    loop = asyncio.get_running_loop()
+    chunk = bytes(1 << 20)
+
+    async def send() -> None:
+        for _ in range(total >> 20):
+            await loop.sock_sendall(sock, chunk)
+
+    async def receive() -> None:
+        got = 0
+        async with asyncio.timeout(30):
+            while got < total:
+                data = await loop.sock_recv(sock, 1 << 20)
+                assert data, "the relay ended early"
+                got += len(data)
+
+    await asyncio.gather(send(), receive())
+
+
+async def _relay_faults_per_mib(make_pool, pod_netns: str, echo_port: int, clients: list) -> float:
+    """The page faults per MiB of a worker relaying a bulk stream both ways."""
+    pool = await make_pool(1)
+    await _serve(pool, pod_netns, echo_port)
+    sock = await _connect(pod_netns, clients)
+    await _both_ways(sock, 8 << 20)  # warm: the heap grows to what a stream needs
+    pid = pool.workers[0].pid
+    before = _minor_faults(pid)
+    await _both_ways(sock, 128 << 20)
+    return (_minor_faults(pid) - before) / 128
+
+
+async def test_a_workers_bulk_relay_reuses_its_heap_instead_of_faulting_pages_in(
+    make_pool, pod_netns, echo_port, clients
+):
+    """Worker rule 10, read back from the kernel's count of the worker's page faults."""
+    per_mib = await _relay_faults_per_mib(make_pool, pod_netns, echo_port, clients)
+    assert per_mib < 4, per_mib
+
+
+async def test_with_glibcs_own_thresholds_the_same_relay_faults_pages_in(
+    make_pool, pod_netns, echo_port, clients, monkeypatch
+):
+    """With `GLIBC_TUNABLES` set the worker leaves malloc alone (agent.proxy.heap rule 3):
+    what the test above is compared with, and proof that it can fail (measured: about 38
+    page faults per MiB, against 0.5 tuned)."""
+    monkeypatch.setenv("GLIBC_TUNABLES", "")
+    per_mib = await _relay_faults_per_mib(make_pool, pod_netns, echo_port, clients)
+    assert per_mib > 10, per_mib
