@@ -74,3 +74,12 @@ def test_an_operators_own_malloc_setting_wins():
     said, faults = _run("tuned", MALLOC_TRIM_THRESHOLD_="131072")
     assert said == "False"
     assert faults > ROUNDS * PAGES_PER_ROUND // 4  # their (small) trim threshold applies
+    said, faults = _run("tuned", GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072")
+    assert said == "False"
+    assert faults > ROUNDS * PAGES_PER_ROUND // 4
+
+
+def test_tunables_that_are_not_mallocs_do_not_stop_the_tuning():
+    said, faults = _run("tuned", GLIBC_TUNABLES="glibc.pthread.rseq=0")
+    assert said == "True"
+    assert faults < ROUNDS
