@@ -51,6 +51,14 @@ Rules:
    interpreted; read at each setup, the check went quiet exactly then (thirty-sixth
    pass). The switch is read at each setup: `--profile` turns the build off for
    the agents it profiles (agent.bench.profile rule 4).
+10. Side by side (`http1-side-N`, same-node meshagent setups without sockmap):
+   while the setup's node agent runs, `direct` and `haproxy-http` are started to
+   the server's `SIDE_PORT`, which the mesh skips (`peers.side_peers`), and one
+   load generator sends N requests/s to the three in turn, 1 s each, a shuffled
+   order per cycle (agent.bench.loadgen rule 5), each for the load's duration.
+   The row is the setup's, with `side`: the peers' numbers from the same slices
+   (agent.bench.report rule 10). Its CPU is not counted: the node agent idles
+   through the peers' slices.
 """
 
 from __future__ import annotations
@@ -72,7 +80,7 @@ from typing import TYPE_CHECKING, Any, Final
 import psutil
 
 from agent import config, native
-from agent.bench import calibrate, callgrind, interp, loads, profile, report, setups
+from agent.bench import calibrate, callgrind, interp, loads, peers, profile, report, setups
 from agent.bench.topology import per_node, placed
 from agent.errors import AgentError
 
@@ -85,11 +93,14 @@ logger = logging.getLogger(__name__)
 
 _CPUCLOCK_SCHED = 2  # Linux's process CPU clock ids: (~pid << 3) | CPUCLOCK_SCHED
 
+SIDE_PREFIX: Final = report.SIDE_PREFIX  # rule 10
 ALL_LOADS = (
     "http1-rr",
     "http1-rate-500",
     "http1-rate-1000",
     "http1-rate-2000",
+    SIDE_PREFIX + "1000",
+    SIDE_PREFIX + "2000",
     "http1-saturate",
     "h2-saturate",
     "tcp-throughput",
@@ -99,7 +110,8 @@ ALL_LOADS = (
 PLACEMENTS = ("split", "shared")
 MEMORY_PODS = (1, 10, 50, 100)
 QUICK_MEMORY_PODS = (1, 100)
-QUICK_LOADS = tuple(x for x in ALL_LOADS if x not in ("http1-rate-500", "http1-rr", "tcp-reverse"))
+_NOT_QUICK = ("http1-rate-500", "http1-rr", "tcp-reverse", SIDE_PREFIX + "2000")
+QUICK_LOADS = tuple(x for x in ALL_LOADS if x not in _NOT_QUICK)
 # The setups the goals are judged on (the peers, our two capture modes on one and two
 # nodes, sockmap); the rest (the Python floors, HAProxy's TLS variants, our upgrade
 # modes) are for finding out why, in full runs or by name with --setups.
@@ -366,7 +378,47 @@ def _applicable(target: Target, load: str) -> str | None:
         return "not a TCP proxy (HTTP mode): see haproxy-tcp"
     if load == "h2-saturate" and not target.h2:
         return "HTTP/1.1 only"
+    if load.startswith(SIDE_PREFIX) and not side_by_side(target.setup):
+        return "side by side: same-node meshagent setups without sockmap only (rule 10)"
     return None
+
+
+def side_by_side(setup: str) -> bool:
+    """Whether `setup` runs the `http1-side-N` loads (rule 10)."""
+    plain = setup.startswith("meshagent-") and setup != report.ACCEL_SETUP
+    return plain and not report.cross_node(setup)
+
+
+def _side_load(
+    topo: Topology, target: Target, load: str, opts: Options
+) -> tuple[loads.Measured, dict[str, Any]]:
+    """Rule 10: the setup's `Measured`, and for its row its peers' numbers (`side`), the
+    requests its node agents counted (`agent_requests`) and the load sent it (`sent`,
+    with the warm-up's)."""
+    rate = int(load.removeprefix(SIDE_PREFIX))
+    with peers.side_peers(topo) as others:
+        before = [a.requests_settled() for a in target.agents]
+        got = loads.http1_side([*others, target], rate, opts.duration_s, opts.warmup_s)
+        counted = sum(a.requests_settled() for a in target.agents) - sum(before)
+    mine = got[target.setup]
+    side: dict[str, Any] = {}
+    for peer in others:
+        m = got[peer.setup]
+        side[peer.setup] = {
+            "rps": round(m.rps, 1) if m.requests else None,
+            "p50_ms": m.p50_ms,
+            "p99_ms": m.p99_ms,
+            "p999_ms": m.p999_ms,
+            "requests": m.requests,
+            "errors": m.errors,
+            **({"error_kinds": dict(m.error_kinds)} if m.error_kinds else {}),
+        }
+    # the node agent counts its own path's requests only: the peers' bypass it
+    return mine, {
+        "side": side,
+        "agent_requests": counted,
+        "sent": mine.requests + mine.warmup_requests,
+    }
 
 
 def _one_load(target: Target, load: str, opts: Options) -> loads.Measured:
@@ -514,21 +566,14 @@ def _measure_setup(  # noqa: PLR0913 - the run's facts, then what it runs under
                 accel_before = target.accel_counts()
                 ticks = calibrate.cpu_times()
                 idle = calibrate.idle_times()
-                counts: dict[str, Any] = {}
                 try:
-                    if icount_dir is None:
-                        m = _one_load(target, load, opts)
-                    else:
-                        m, counts = callgrind.during(
-                            lambda: _one_load(target, load, opts),  # noqa: B023 - called now
-                            opts.duration_s,
-                            target.agents,
-                            icount_dir,
-                        )
+                    m, counts, extra = _measure(topo, target, load, opts, icount_dir)
                 except AgentError as exc:
                     rows.append({"setup": name, "load": load, "error": str(exc)[:300]})
                     continue
                 rows.append(_row(target, load, m, cpu.stop()))
+                if extra:  # rule 10: the agent idled through the peers' slices
+                    rows[-1].update(extra, cpu_s=None, cpu_s_per_req=None)
                 if counts:
                     rows[-1]["ir_per_request"] = counts["ir_per_request"]
                     rows[-1]["icount"] = counts["workers"]
@@ -538,6 +583,23 @@ def _measure_setup(  # noqa: PLR0913 - the run's facts, then what it runs under
                 logger.info("measured", extra={"setup": name, "load": load, "rps": rows[-1]["rps"]})
     except AgentError as exc:
         rows.append({"setup": name, "load": "*", "error": str(exc)[:300]})
+
+
+def _measure(
+    topo: Topology, target: Target, load: str, opts: Options, icount_dir: Path | None
+) -> tuple[loads.Measured, dict[str, Any], dict[str, Any]]:
+    """One load on `target`: what it measured, the workers' instruction counts (under
+    `--icount`) and the side-by-side fields of its row (rule 10), the last two `{}`
+    when not taken."""
+    if load.startswith(SIDE_PREFIX):
+        m, extra = _side_load(topo, target, load, opts)
+        return m, {}, extra
+    if icount_dir is None:
+        return _one_load(target, load, opts), {}, {}
+    m, counts = callgrind.during(
+        lambda: _one_load(target, load, opts), opts.duration_s, target.agents, icount_dir
+    )
+    return m, counts, {}
 
 
 def _idle_fields(pct: list[float] | None) -> dict[str, Any]:

@@ -24,6 +24,17 @@ Rules:
 4. Every error is counted under its kind (`error_kind`): `status N` for a 5xx
    response, `unsent` for requests a stalled connection never sent before the
    end, else the exception's type and message (the connection failed).
+5. `side`: rule 1's constant rate over several paths side by side (`--path
+   NAME=IP:PORT`, repeated), in slices of `--slice` seconds that take turns
+   (`slice_plan`): every cycle gives each path one slice, in an order shuffled
+   per cycle (seeded), and no path has two slices in a row. Each path has its
+   own C keep-alive connections, open for the whole run, and its own counts;
+   only the path whose slice it is sends, at R requests/s. A request still
+   owed when its slice ends is sent late and counted from its due time, as in
+   rule 1. A first cycle of `--warmup` seconds per path is not recorded. So
+   the machine's slow moments fall on every path alike, and one run compares
+   the paths' latency without the minutes between separate runs. The JSON is
+   `{"paths": {NAME: <rule 3's object> + "warmup_requests"}, "slice_s", "cycles"}`.
 """
 
 from __future__ import annotations
@@ -31,8 +42,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import random
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httptools
@@ -261,19 +275,186 @@ async def run_rr(
     return run.to_dict(duration)
 
 
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """One turn of rule 5: path `path` sends from `start_s` to `end_s` (seconds from the
+    run's start); `recorded` False for the warm-up cycle."""
+
+    path: int
+    start_s: float
+    end_s: float
+    recorded: bool
+
+
+def slice_plan(
+    paths: int, *, duration: float, slice_s: float, warmup: float = 0.0, seed: int = 0
+) -> list[Slice]:
+    """Rule 5's schedule, pure: a warm-up cycle of `warmup` seconds per path (none when
+    0), then `ceil(duration / slice_s)` cycles of `slice_s` seconds per path, the last
+    slices shortened so each path gets exactly `duration` recorded seconds.
+
+    Raises:
+        ValueError: no paths, or a non-positive duration or slice.
+    """
+    if paths < 1 or duration <= 0 or slice_s <= 0:
+        why = f"{paths} paths, {duration}s each in {slice_s}s slices"
+        raise ValueError(f"a side-by-side load needs paths, time and slices; got {why}")
+    rng = random.Random(seed)  # noqa: S311 - a schedule, not a secret
+    plan: list[Slice] = []
+    t = 0.0
+    last = -1
+
+    def cycle(length: float, *, recorded: bool) -> None:
+        nonlocal t, last
+        order = list(range(paths))
+        rng.shuffle(order)
+        if paths > 1 and order[0] == last:  # no path twice in a row
+            order[0], order[-1] = order[-1], order[0]
+        for path in order:
+            plan.append(Slice(path, t, t + length, recorded))
+            t += length
+        last = order[-1]
+
+    if warmup > 0:
+        cycle(warmup, recorded=False)
+    cycles = math.ceil(duration / slice_s - 1e-9)
+    for n in range(cycles):
+        cycle(min(slice_s, duration - n * slice_s), recorded=True)
+    return plan
+
+
+async def _side_conn(  # noqa: PLR0913, PLR0917 - one connection's share of its path's slices
+    run: Run,
+    warm: Run,
+    host: str,
+    port: int,
+    req: bytes,
+    slices: list[tuple[int, int, bool]],
+    first_ns: int,
+    step_ns: int,
+    end_all: int,
+) -> None:
+    """Connection k of a path: rule 1 within each of its path's slices (absolute perf ns
+    start and end), `first_ns` after each slice's start, every `step_ns`; what is still
+    owed when the whole run ends (`end_all`) is unsent."""
+    client: _Client | None = None
+    for start, end, recorded in slices:
+        due = start + first_ns
+        while due < end:
+            now = time.perf_counter_ns()
+            if now > end_all:
+                (run if recorded else warm).fail("unsent", (end - due) // step_ns + 1)
+                break
+            if due - now > EARLY_S * 1e9:
+                await asyncio.sleep((due - now) / 1e9 - EARLY_S)
+            client = await _exchange(run if recorded else warm, client, host, port, req, due_ns=due)
+            due += step_ns
+    _close(client)
+
+
+async def run_side(  # noqa: PLR0913 - the load's knobs
+    paths: list[tuple[str, str, int]],
+    *,
+    rate: float,
+    connections: int,
+    duration: float,
+    slice_s: float,
+    warmup: float = 0.0,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Constant rate over `paths` (name, host, port) taking turns (module rule 5)."""
+    plan = slice_plan(len(paths), duration=duration, slice_s=slice_s, warmup=warmup, seed=seed)
+    interval_ns = int(1e9 / rate)
+    t0 = time.perf_counter_ns() + 200_000_000  # 200 ms to open every path's connections
+    runs = [Run() for _ in paths]
+    warms = [Run() for _ in paths]  # the warm-up cycle's counts
+    end_all = t0 + round(plan[-1].end_s * 1e9)
+    tasks = []
+    for i, (name, host, port) in enumerate(paths):
+        mine = [
+            (t0 + round(s.start_s * 1e9), t0 + round(s.end_s * 1e9), s.recorded)
+            for s in plan
+            if s.path == i
+        ]
+        req = request_bytes(host)
+        for k in range(connections):
+            conn = _side_conn(
+                runs[i],
+                warms[i],
+                host,
+                port,
+                req,
+                mine,
+                k * interval_ns,
+                interval_ns * connections,
+                end_all,
+            )
+            tasks.append(aio.spawn(conn, name=f"{name}-{k}"))
+    await asyncio.gather(*tasks)
+    recorded = sum(s.end_s - s.start_s for s in plan if s.recorded) / len(paths)
+    out = {name: run.to_dict(recorded) for (name, _, _), run in zip(paths, runs, strict=True)}
+    for (name, _, _), warm in zip(paths, warms, strict=True):
+        out[name]["warmup_requests"] = warm.requests
+    return {
+        "paths": out,
+        "slice_s": slice_s,
+        "cycles": math.ceil(duration / slice_s - 1e-9),
+    }
+
+
+def parse_path(text: str) -> tuple[str, str, int]:
+    """`NAME=IP:PORT` -> (name, ip, port).
+
+    Raises:
+        ValueError: not of that form; the message quotes it.
+    """
+    name, eq, target = text.partition("=")
+    host, colon, port = target.rpartition(":")
+    if not eq or not name or not colon or not host or not port.isdigit():
+        raise ValueError(f"--path wants NAME=IP:PORT, got {text!r}")
+    return name, host, int(port)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m agent.bench.loadgen")
-    p.add_argument("--target", required=True, metavar="IP:PORT")
-    p.add_argument("--mode", choices=["rate", "conn", "rr"], default="rate")
+    p.add_argument("--target", metavar="IP:PORT")
+    p.add_argument("--path", action="append", default=[], metavar="NAME=IP:PORT")
+    p.add_argument("--mode", choices=["rate", "conn", "rr", "side"], default="rate")
     p.add_argument("--rate", type=float, default=1000.0)
     p.add_argument("--connections", type=int, default=16)
     p.add_argument("--duration", type=float, default=5.0)
     p.add_argument("--warmup", type=float, default=0.0)
-    return p.parse_args(argv)
+    p.add_argument("--slice", type=float, default=1.0, help="side: seconds per turn")
+    p.add_argument("--seed", type=int, default=0, help="side: the turns' shuffle")
+    args = p.parse_args(argv)
+    if args.mode == "side":
+        if len(args.path) < 2:
+            p.error("--mode side needs two or more --path NAME=IP:PORT")
+        try:
+            args.paths = [parse_path(x) for x in args.path]
+        except ValueError as exc:
+            p.error(str(exc))
+        if len({name for name, _, _ in args.paths}) != len(args.paths):
+            p.error(f"--path names must differ, got {', '.join(args.path)}")
+    elif args.target is None:
+        p.error(f"--mode {args.mode} needs --target IP:PORT")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.mode == "side":
+        side = run_side(
+            args.paths,
+            rate=args.rate,
+            connections=args.connections,
+            duration=args.duration,
+            slice_s=args.slice,
+            warmup=args.warmup,
+            seed=args.seed,
+        )
+        sys.stdout.write(json.dumps(aio.run(side)) + "\n")
+        return 0
     host, _, port_text = args.target.rpartition(":")
     port = int(port_text)
     if args.mode == "rate":

@@ -8,6 +8,8 @@
     conn-rate        agent.bench.loadgen --mode conn, 16 loops of connect/request/close
     http1-rr         agent.bench.loadgen --mode rr, 1 keep-alive connection, closed
                      loop: the bare small request/response latency of the path
+    http1-side-N     agent.bench.loadgen --mode side: http1-rate-N over several
+                     paths taking turns in 1 s slices (`http1_side`)
 
 Rules:
 1. A load returns a `Measured`: requests (or bytes) done, errors, elapsed
@@ -22,18 +24,23 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from agent.bench.hist import Histogram
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agent.bench.setups import Target
+
+_T = TypeVar("_T")
 
 RATE_CONNECTIONS = 16
 SATURATE_CONNECTIONS = 64
 CONN_LOOPS = 16
 RR_CONNECTIONS = 1
+SIDE_SLICE_S = 1.0
 
 
 class LoadError(AgentError):
@@ -57,6 +64,7 @@ class Measured:
     p50_ms: float | None = None
     p99_ms: float | None = None
     p999_ms: float | None = None
+    warmup_requests: int = 0  # done before recording began (side by side: its warm-up turns)
 
     @property
     def rps(self) -> float:
@@ -82,6 +90,7 @@ def from_loadgen(text: str) -> Measured:
         p50_ms=hist.percentile(50) / 1000,
         p99_ms=hist.percentile(99) / 1000,
         p999_ms=hist.percentile(99.9) / 1000,
+        warmup_requests=int(data.get("warmup_requests", 0)),
     )
 
 
@@ -165,9 +174,9 @@ def _run(target: Target, load: str, argv: list[str], timeout: float) -> str:
     return done.stdout
 
 
-def _parse(load: str, parse: object, text: str) -> Measured:
+def _parse(load: str, parse: Callable[[str], _T], text: str) -> _T:
     try:
-        return parse(text)  # type: ignore[operator, no-any-return]
+        return parse(text)
     except (ValueError, KeyError) as exc:
         raise LoadError(load, f"{exc}: {text[-500:]!r}") from exc
 
@@ -178,6 +187,31 @@ def http1_rate(target: Target, rate: int, duration: float, warmup: float) -> Mea
     argv += [f"--connections={RATE_CONNECTIONS}", f"--duration={duration}", f"--warmup={warmup}"]
     load = f"http1-rate-{rate}"
     return _parse(load, from_loadgen, _run(target, load, argv, duration + warmup + 30))
+
+
+def from_side(text: str) -> dict[str, Measured]:
+    """The loadgen's side-by-side JSON: each path's `Measured`, by name.
+
+    Raises:
+        ValueError: not that JSON.
+    """
+    paths = json.loads(text)["paths"]
+    return {str(name): from_loadgen(json.dumps(one)) for name, one in paths.items()}
+
+
+def http1_side(
+    targets: list[Target], rate: int, duration: float, warmup: float
+) -> dict[str, Measured]:
+    """`http1-rate-N` over `targets` taking turns in `SIDE_SLICE_S` slices, each target
+    `duration` seconds (agent.bench.loadgen rule 5), sent from the first target's client
+    pod; each target's numbers by its setup name."""
+    argv = [sys.executable, "-m", "agent.bench.loadgen", "--mode", "side", f"--rate={rate}"]
+    argv += [f"--path={t.setup}={t.host}:{t.http_port}" for t in targets]
+    argv += [f"--connections={RATE_CONNECTIONS}", f"--duration={duration}", f"--warmup={warmup}"]
+    argv += [f"--slice={SIDE_SLICE_S}"]
+    load = f"http1-side-{rate}"
+    timeout = (duration + warmup) * len(targets) + 30
+    return _parse(load, from_side, _run(targets[0], load, argv, timeout))
 
 
 def conn_rate(target: Target, duration: float, warmup: float) -> Measured:

@@ -35,6 +35,7 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ NAMESPACE = "bench"
 INJECT = {"linkerd.io/inject": "enabled"}
 _UID_NS = uuid.UUID("0b7c1f52-8f0e-4c4e-9d0b-6a3e5b1c2d47")
 READY_S = 60.0
+REPORT_S = 1.0  # agent.admin.observe.REPORT_S: how often a worker reports its metrics
 WRAPPED_READY_S = 900.0  # wrapped workers (agent.bench.callgrind) start far slower
 
 
@@ -91,6 +93,7 @@ class BenchPod:
     node: str  # lab node name
     ip: str
     ports: tuple[int, ...] = ()
+    annotations: tuple[tuple[str, str], ...] = ()  # beside INJECT, e.g. skip ports
 
     @property
     def uid(self) -> str:
@@ -119,7 +122,7 @@ def pod_manifest(pod: BenchPod) -> dict[str, Any]:
             "namespace": NAMESPACE,
             "uid": pod.uid,
             "labels": {"app": pod.role},
-            "annotations": dict(INJECT),
+            "annotations": {**INJECT, **dict(pod.annotations)},
         },
         "spec": {
             "nodeName": pod.node,
@@ -212,6 +215,46 @@ class NodeAgent:
         except urllib.error.HTTPError as exc:
             with exc:
                 return int(exc.code), exc.read()
+
+    def requests_counted(self, direction: str = "outbound") -> int:
+        """The HTTP requests its metrics count in `direction` so far (`request_total`).
+
+        Raises:
+            MeshError: its admin server did not answer with metrics.
+        """
+        from agent.admin import stat  # noqa: PLC0415 - prometheus_client's parser
+
+        try:
+            status, body = self.admin("/metrics")
+        except OSError as exc:
+            raise MeshError(self.name, f"GET /metrics: {exc}") from exc
+        if status != HTTPStatus.OK:
+            raise MeshError(self.name, f"GET /metrics answered {status}")
+        samples = stat.parse(body.decode(), 0.0).samples
+        return int(
+            sum(
+                value
+                for (name, labels), value in samples.items()
+                if name == "request_total" and ("direction", direction) in labels
+            )
+        )
+
+    def requests_settled(self, direction: str = "outbound", tries: int = 5) -> int:
+        """`requests_counted` once every worker has reported what it counted: workers
+        report every `REPORT_S` (agent.admin.observe rule 5), so two reads that far
+        apart that agree (or the last of `tries`).
+
+        Raises:
+            MeshError: its admin server did not answer with metrics.
+        """
+        last = self.requests_counted(direction)
+        for _ in range(tries):
+            time.sleep(REPORT_S + 0.1)
+            now = self.requests_counted(direction)
+            if now == last:
+                break
+            last = now
+        return last
 
     def worker_pids(self) -> list[int]:
         import psutil  # noqa: PLC0415

@@ -43,6 +43,7 @@ from agent.bench.topology import (
     IPERF_PORT,
     PROXY_HTTP_PORT,
     PROXY_IPERF_PORT,
+    SIDE_PORT,
     TLS_HTTP_PORT,
     TLS_IPERF_PORT,
     BenchError,
@@ -142,13 +143,13 @@ def make_certs(directory: Path) -> tuple[haproxy.TlsFiles, haproxy.TlsFiles]:
     return out[0], out[1]
 
 
-def _direct(setup: str, topo: Topology, host: str) -> Target:
+def _direct(setup: str, topo: Topology, host: str, port: int = HTTP_PORT) -> Target:
     """The client straight to the server at `host`: no proxy."""
     return Target(
         setup=setup,
         client=topo.cli,
         host=host,
-        http_port=HTTP_PORT,
+        http_port=port,
         iperf_port=IPERF_PORT,
         hops=0,
         mtls=False,
@@ -165,8 +166,9 @@ def direct_xnode(topo: Topology) -> Iterator[Target]:
     yield _direct("direct-xnode", topo, topo.srv2.ip)
 
 
-def haproxy_one_hop(mode: str) -> SetupFn:
-    """haproxy-`mode` (tcp|http): one HAProxy in `cli` in front of `srv` (iperf too for tcp)."""
+def haproxy_one_hop(mode: str, server_port: int = HTTP_PORT) -> SetupFn:
+    """haproxy-`mode` (tcp|http): one HAProxy in `cli` in front of `srv`'s `server_port`
+    (iperf too for tcp)."""
 
     @contextlib.contextmanager
     def setup(topo: Topology) -> Iterator[Target]:
@@ -174,7 +176,7 @@ def haproxy_one_hop(mode: str) -> SetupFn:
             haproxy.Route(
                 name="http",
                 bind=f"127.0.0.1:{PROXY_HTTP_PORT}",
-                target=f"{topo.srv.ip}:{HTTP_PORT}",
+                target=f"{topo.srv.ip}:{server_port}",
                 mode=mode,
             )
         ]
@@ -204,6 +206,15 @@ def haproxy_one_hop(mode: str) -> SetupFn:
             _stop(proc)
 
     return setup
+
+
+@contextlib.contextmanager
+def side_peers(topo: Topology) -> Iterator[list[Target]]:
+    """`direct` and `haproxy-http` to `srv`'s `SIDE_PORT`, which the mesh skips: the peers
+    a same-node meshagent setup is measured beside, taking turns (agent.bench.harness
+    rule 10), while its node agent meshes `HTTP_PORT`."""
+    with haproxy_one_hop("http", SIDE_PORT)(topo) as proxy:
+        yield [_direct("direct", topo, topo.srv.ip, SIDE_PORT), proxy]
 
 
 def _floor(  # noqa: PLR0913 - where it runs, listens, forwards, its TLS, workers and log

@@ -54,6 +54,13 @@ Rules:
    median, and in how many rounds the variant did better (higher rps and
    Gbit/s, lower CPU per request and latency). The variant's own rows are
    combined as rule 6 says.
+10. Side by side (`http1-side-N`, agent.bench.harness rule 10): a row's `side`
+   holds the peers measured in the same run of turns (`direct`,
+   `haproxy-http`). Its `added_p99_ms`, and each peer's, is over the side's
+   own `direct`, not over a `direct` row; a ratio's peer value on such a load
+   comes from the row's `side`. `combine` takes each peer's numbers' median
+   over the rounds, as rule 6 does the row's. `side_notes` says each in one
+   line.
 """
 
 from __future__ import annotations
@@ -74,6 +81,8 @@ ACCEL_BULK_FLOOR = 0.5  # "no bulk transfer failing": completes, at least half t
 FLOOR_SETUP = "python-floor"
 FLOOR_TLS_SETUP = "python-floor-tls"
 CROSS_PEER = "haproxy-tls"
+SIDE_PREFIX = "http1-side-"  # rule 10
+SIDE_BASELINE = "direct"
 L7_PEERS = ("haproxy-tls-h1", "haproxy-tls-h2")  # rule 8
 _FLOOR_METRICS = [  # (metric name, row key, load), rule 5
     ("http1_saturate_rps", "rps", "http1-saturate"),
@@ -112,19 +121,42 @@ def l7_peer_of(setup: str) -> str:
     return L7_PEERS[0] if setup.endswith("-h1-xnode") else L7_PEERS[1]
 
 
+def _minus(mine: float | None, base: float | None) -> float | None:
+    return round(mine - base, 3) if mine is not None and base is not None else None
+
+
 def add_latency_over_baseline(rows: Sequence[Row]) -> None:
-    """Fill `added_p99_ms` in place (module rule 1)."""
+    """Fill `added_p99_ms` in place (module rules 1 and 10); a side is copied, not
+    written into."""
     p99 = {(r["setup"], r["load"]): r.get("p99_ms") for r in rows}
     for r in rows:
-        base = p99.get((baseline_of(r["setup"]), r["load"]))
-        mine = r.get("p99_ms")
-        r["added_p99_ms"] = round(mine - base, 3) if mine is not None and base is not None else None
+        if r.get("side"):
+            side = {name: dict(peer) for name, peer in r["side"].items()}
+            base = side.get(SIDE_BASELINE, {}).get("p99_ms")
+            for peer in side.values():
+                peer["added_p99_ms"] = _minus(peer.get("p99_ms"), base)
+            r["side"] = side
+        else:
+            base = p99.get((baseline_of(r["setup"]), r["load"]))
+        r["added_p99_ms"] = _minus(r.get("p99_ms"), base)
 
 
 def _get(rows: Sequence[Row], setup: str, load: str, key: str) -> float | None:
     for r in rows:
         if r["setup"] == setup and r["load"] == load:
             value = r.get(key)
+            return float(value) if value is not None else None
+    return None
+
+
+def _peer_get(rows: Sequence[Row], setup: str, peer: str, load: str, key: str) -> float | None:
+    """The peer's `key` under `load` to compare `setup` with: from `setup`'s own row's
+    side on a side-by-side load (rule 10), else from the peer's row."""
+    if not load.startswith(SIDE_PREFIX):
+        return _get(rows, peer, load, key)
+    for r in rows:
+        if r["setup"] == setup and r["load"] == load:
+            value = (r.get("side") or {}).get(peer, {}).get(key)
             return float(value) if value is not None else None
     return None
 
@@ -141,6 +173,8 @@ _RATIOS: list[tuple[str, str, str, str, str]] = [
     ("h2_saturate_rps", "rps", "h2-saturate", "haproxy-http", CROSS_PEER),
     ("added_p99", "added_p99_ms", "http1-rate-1000", "haproxy-http", CROSS_PEER),
     ("added_p99", "added_p99_ms", "http1-rate-2000", "haproxy-http", CROSS_PEER),
+    ("added_p99", "added_p99_ms", SIDE_PREFIX + "1000", "haproxy-http", CROSS_PEER),
+    ("added_p99", "added_p99_ms", SIDE_PREFIX + "2000", "haproxy-http", CROSS_PEER),
     ("tcp_gbps", "gbps", "tcp-throughput", "haproxy-tcp", CROSS_PEER),
     ("added_p99", "added_p99_ms", "http1-rr", "haproxy-http", CROSS_PEER),
     ("conn_rate", "rps", "conn-rate", "haproxy-http", CROSS_PEER),
@@ -158,7 +192,7 @@ def ratios(rows: Sequence[Row]) -> dict[str, float]:
         xnode = setup.endswith("-xnode")
         for metric, key, load, peer_same, peer_x in _RATIOS:
             for peer in (peer_x, l7_peer_of(setup)) if xnode else (peer_same,):
-                theirs = _get(rows, peer, load, key)
+                theirs = _peer_get(rows, setup, peer, load, key)
                 if key == "added_p99_ms" and theirs is not None and theirs <= 0:
                     continue
                 value = _ratio(_get(rows, setup, load, key), theirs)
@@ -356,21 +390,64 @@ def combine(rows: Sequence[Row]) -> list[Row]:
             row[key] = statistics.median(values) if values else None
         for key in ("requests", "errors"):
             row[key] = sum(r.get(key) or 0 for r in good)
-        kinds: dict[str, int] = {}
-        for r in good:
-            for kind, n in (r.get("error_kinds") or {}).items():
-                kinds[kind] = kinds.get(kind, 0) + n
-        if kinds:
-            row["error_kinds"] = kinds
-        cpus = [r["idle_pct_cpus"] for r in good if r.get("idle_pct_cpus")]
-        if cpus and len({len(c) for c in cpus}) == 1:
-            row["idle_pct_cpus"] = [statistics.median(col) for col in zip(*cpus, strict=True)]
+        _combine_extras(row, good)
         row["rounds"] = len(good)
         row["rps_rounds"] = [r.get("rps") for r in good]
         if any("ir_per_request" in r for r in good):
             row["ir_rounds"] = [r.get("ir_per_request") for r in good]
         out.append(row)
     return out
+
+
+def _combine_extras(row: Row, good: list[Row]) -> None:
+    """`combine`'s error kinds (summed), idle per CPU (medians) and side (rule 10)."""
+    kinds: dict[str, int] = {}
+    for r in good:
+        for kind, n in (r.get("error_kinds") or {}).items():
+            kinds[kind] = kinds.get(kind, 0) + n
+    if kinds:
+        row["error_kinds"] = kinds
+    cpus = [r["idle_pct_cpus"] for r in good if r.get("idle_pct_cpus")]
+    if cpus and len({len(c) for c in cpus}) == 1:
+        row["idle_pct_cpus"] = [statistics.median(col) for col in zip(*cpus, strict=True)]
+    if any(r.get("side") for r in good):
+        row["side"] = _combine_side([r["side"] for r in good if r.get("side")])
+
+
+def _combine_side(sides: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rule 10: each peer's medians (and summed counts) over the rounds' sides."""
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(name for side in sides for name in side):
+        mine = [side[name] for side in sides if name in side]
+        peer: dict[str, Any] = {}
+        for key in ("rps", "p50_ms", "p99_ms", "p999_ms"):
+            values = [m[key] for m in mine if m.get(key) is not None]
+            peer[key] = round(statistics.median(values), 3) if values else None
+        for key in ("requests", "errors"):
+            peer[key] = sum(m.get(key) or 0 for m in mine)
+        out[name] = peer
+    return out
+
+
+def side_notes(rows: Sequence[Row]) -> list[str]:
+    """Rule 10: one line per side-by-side row (after `add_latency_over_baseline`)."""
+    lines = []
+    for r in rows:
+        side = r.get("side")
+        if not side or r.get("error"):
+            continue
+        rate = r["load"].removeprefix(SIDE_PREFIX)
+        parts = []
+        for name, peer in [*side.items(), (r["setup"], r)]:
+            added = peer.get("added_p99_ms")
+            p99 = peer.get("p99_ms")
+            text = f"{name} p99 {p99 if p99 is None else round(p99, 3)} ms"
+            parts.append(text if name == SIDE_BASELINE else f"{text} (added {added})")
+        theirs = side.get("haproxy-http", {}).get("added_p99_ms")
+        ratio = _ratio(r.get("added_p99_ms"), theirs) if theirs is not None and theirs > 0 else None
+        verdict = f": {ratio}x haproxy-http's added p99" if ratio is not None else ""
+        lines.append(f"side by side at {rate} req/s (1 s turns): {'; '.join(parts)}{verdict}")
+    return lines
 
 
 def paired_ratios(rows: Sequence[Row]) -> dict[str, float]:
@@ -458,18 +535,20 @@ def document(
     measured: Sequence[Row] = (),
 ) -> dict[str, Any]:
     """The `-o json` document: `rows` combined (rule 6), `measured` the rows of every
-    round as measured (rule 7)."""
+    round as measured (rule 7), kept under `measured` when there was more than one."""
     rows = [dict(r) for r in rows]
     add_latency_over_baseline(rows)
     accel = accel_summary(rows)
+    rounds = len(measured) > len(_rounds(measured))  # some setup and load ran twice
     return {
+        **({"measured": [dict(r) for r in measured]} if rounds else {}),
         "machine": dict(machine),
         "results": rows,
         "ratios": ratios(rows),
         "ratios_paired": paired_ratios(measured),
         "memory": memory_summary(rows),
         "accel": accel,
-        "notes": [*notes, *accel_notes(accel)],
+        "notes": [*notes, *accel_notes(accel), *side_notes(rows)],
     }
 
 

@@ -1,7 +1,8 @@
 """The bench's test server: HTTP/1.1 keep-alive and h2c (prior knowledge), tiny answers.
 
-`python -m agent.bench.server --port 8080` runs inside the server pod (started
-with `LabPod.spawn`), on uvloop, and answers every request `200 ok` (2 bytes).
+`python -m agent.bench.server --port 8080 [--port 8081...]` runs inside the
+server pod (started with `LabPod.spawn`), on uvloop, and answers every request
+`200 ok` (2 bytes), on each port alike.
 
 Rules:
 1. A connection whose first bytes are the HTTP/2 preface speaks h2c (the
@@ -135,18 +136,18 @@ async def start(host: str, port: int) -> asyncio.Server:
     return await loop.create_server(_Server, host, port, backlog=4096, reuse_address=True)
 
 
-async def serve(host: str, port: int) -> None:
-    server = await start(host, port)
-    async with server:
-        await server.serve_forever()
+async def serve(host: str, ports: list[int]) -> None:
+    """Answer on each of `ports` from this one loop (rule 2)."""
+    servers = [await start(host, port) for port in ports]
+    await asyncio.gather(*(server.serve_forever() for server in servers))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m agent.bench.server")
     p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--port", type=int, action="append", help="repeat for more (default 8080)")
     args = p.parse_args(argv)
-    aio.run(serve(args.host, args.port))
+    aio.run(serve(args.host, args.port or [8080]))
     return 0
 
 

@@ -2,7 +2,8 @@
 
 One `agent.netlab.Lab`: two isolated nodes `a` and `b`, linked; pods `cli` and
 `srv` on `a`, `srv2` on `b`. `srv` and `srv2` run the bench server
-(`agent.bench.server`, :8080) and `iperf3 -s` (:5201). Bench pods are lab pods
+(`agent.bench.server`, :8080, and :8081 outside the mesh: `SIDE_PORT`) and
+`iperf3 -s` (:5201). Bench pods are lab pods
 named `pod<UID>` (`agent.bench.mesh.make_pod`) so node agents discover them.
 Also here: `Target`, what every setup (`agent.bench.setups`) yields, and
 `BenchError`, what a setup raises when it cannot start.
@@ -54,11 +55,17 @@ from agent import config
 from agent.bench.mesh import BenchPod, MeshPlane, NodeAgent, make_pod
 from agent.errors import AgentError
 from agent.redirect import netns
+from agent.redirect.annotations import SKIP_INBOUND_PORTS, SKIP_OUTBOUND_PORTS
 
 if TYPE_CHECKING:
     from agent.netlab import Lab, LabNode, LabPod
 
 HTTP_PORT = 8080
+# The servers' second port, outside the mesh: the pods' manifests skip it (cli's
+# outbound, srv's and srv2's inbound), so the side-by-side loads (agent.bench.side)
+# reach the same server process directly and through HAProxy while a node agent meshes
+# HTTP_PORT.
+SIDE_PORT = 8081
 IPERF_PORT = 5201
 PROXY_HTTP_PORT = 18080  # HAProxy's (and the floor's) listeners in the client pod
 PROXY_IPERF_PORT = 15201
@@ -71,6 +78,7 @@ LISTEN_PORTS = tuple(
             config.OUTBOUND_PORT,
             config.INBOUND_PORT,
             HTTP_PORT,
+            SIDE_PORT,
             IPERF_PORT,
             PROXY_HTTP_PORT,
             PROXY_IPERF_PORT,
@@ -284,20 +292,23 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
         mesh=MeshPlane(workdir=workdir),
     )
     ports = (HTTP_PORT, IPERF_PORT)
+    skip_out = ((SKIP_OUTBOUND_PORTS, f"{SIDE_PORT},{PROXY_HTTP_PORT}"),)
+    skip_in = ((SKIP_INBOUND_PORTS, str(SIDE_PORT)),)
     topo.mesh.add(
         [
-            BenchPod(role="cli", node=a.name, ip=topo.cli.ip),
-            BenchPod(role="srv", node=a.name, ip=topo.srv.ip, ports=ports),
-            BenchPod(role="srv2", node=b.name, ip=topo.srv2.ip, ports=ports),
+            BenchPod(role="cli", node=a.name, ip=topo.cli.ip, annotations=skip_out),
+            BenchPod(role="srv", node=a.name, ip=topo.srv.ip, ports=ports, annotations=skip_in),
+            BenchPod(role="srv2", node=b.name, ip=topo.srv2.ip, ports=ports, annotations=skip_in),
         ]
     )
     # a process in cli from the start: node agents find pods by their processes
     topo.cli.spawn(["sleep", "86400"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for pod in (topo.cli, topo.srv, topo.srv2):
         tune_pod(pod)
+    server = [sys.executable, "-m", "agent.bench.server"]
     for pod in (topo.srv, topo.srv2):
         pod.spawn(
-            [sys.executable, "-m", "agent.bench.server", "--port", str(HTTP_PORT)],
+            [*server, "--port", str(HTTP_PORT), "--port", str(SIDE_PORT)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -308,6 +319,7 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
         )
     for pod in (topo.srv, topo.srv2):
         wait_port(topo.cli, pod.ip, HTTP_PORT)
+        wait_port(topo.cli, pod.ip, SIDE_PORT)
         wait_port(topo.cli, pod.ip, IPERF_PORT)
     return topo
 

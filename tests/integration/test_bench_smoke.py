@@ -34,7 +34,7 @@ def _bench(out: Path, setups: str, loads: str, *more: str, timeout: float) -> di
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    loads = "http1-rate-1000,http1-saturate,memory-1"
+    loads = "http1-rate-1000,http1-side-1000,http1-saturate,memory-1"
     data = _bench(out, SETUPS, loads, "--profile", timeout=170)
     data["out"] = str(out)
     return data
@@ -72,6 +72,29 @@ def test_every_setup_measured_positive_rate_and_latency(doc):
     for setup in ("haproxy-http", "meshagent-iptables"):
         assert rows[setup, "http1-saturate"]["cpu_s"] > 0
         assert rows[setup, "http1-rate-1000"]["added_p99_ms"] is not None
+
+
+@pytest.mark.timeout(180)
+def test_side_by_side_measures_direct_and_haproxy_in_turns_beside_the_agent_they_bypass(doc):
+    rows = {(r["setup"], r["load"]): r for r in doc["results"]}
+    assert ("haproxy-http", "http1-side-1000") not in rows  # only meshagent setups run it
+    for setup in ("meshagent-iptables", "meshagent-ebpf"):
+        row = rows[setup, "http1-side-1000"]
+        assert row["errors"] == 0, row
+        assert set(row["side"]) == {"direct", "haproxy-http"}
+        for peer in row["side"].values():
+            assert peer["errors"] == 0, row
+            assert peer["requests"] == row["requests"] > 0  # the same schedule, in turns
+            assert 0 < peer["p50_ms"] <= peer["p99_ms"]
+        # what the node agent counted is its own path's requests, warm-up included: the
+        # peers' three times as many would show if the mesh had captured them
+        assert row["sent"] > row["requests"]
+        assert row["sent"] <= row["agent_requests"] <= row["sent"] + 5, row
+        assert row["cpu_s"] is None  # the agent idled through the peers' turns
+        name = f"added_p99:{setup}/haproxy-http@http1-side-1000"
+        haproxy_added = row["side"]["haproxy-http"]["added_p99_ms"]
+        assert (name in doc["ratios"]) == (haproxy_added > 0)
+        assert any(n.startswith("side by side at 1000 req/s") and setup in n for n in doc["notes"])
 
 
 @pytest.mark.timeout(180)

@@ -25,6 +25,7 @@ from agent.bench.harness import (
     interpreted_workers,
     missing_env,
     native_notes,
+    side_by_side,
     variant_order,
 )
 
@@ -85,6 +86,16 @@ def test_accel_setup_runs_by_default_and_http1_rr_only_in_the_full_run():
     assert "http1-rr" in full.loads
     assert "http1-rr" not in quick.loads
     assert Options.make(quick=True, loads_="http1-rr").loads == ("http1-rr",)
+
+
+def test_side_by_side_runs_on_plain_same_node_meshagent_setups_at_1000_in_quick_runs():
+    assert [s for s in setups.SETUPS if side_by_side(s)] == ["meshagent-iptables", "meshagent-ebpf"]
+    quick, full = Options.make(quick=True), Options.make(quick=False)
+    assert "http1-side-1000" in quick.loads
+    assert "http1-side-2000" not in quick.loads
+    assert {"http1-side-1000", "http1-side-2000"} <= set(full.loads)
+    named = Options.make(quick=False, loads_="http1-side")
+    assert named.loads == ("http1-side-1000", "http1-side-2000")
 
 
 def testaccel_delta_is_each_counter_increase_and_nothing_without_counts():

@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
+
+import pytest
 
 from agent.bench import loadgen
 from agent.bench.hist import Histogram
@@ -12,10 +16,12 @@ RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
 async def _server(counts: list[int]) -> asyncio.Server:
+    """Answers every request 200; `counts` gets each request's arrival (perf ns)."""
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while await reader.readuntil(b"\r\n\r\n"):
-                counts.append(1)
+                counts.append(time.perf_counter_ns())
                 writer.write(RESPONSE)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -76,3 +82,69 @@ async def test_errors_are_counted_by_kind_a_5xx_and_a_connection_closed_mid_exch
     assert kinds["ConnectionError: closed by peer"] >= 1
     assert sum(kinds.values()) == out["errors"]
     assert out["requests"] == 0
+
+
+def test_side_slices_give_each_path_its_time_in_shuffled_turns_never_twice_in_a_row():
+    plan = loadgen.slice_plan(3, duration=2.5, slice_s=1.0, warmup=0.4, seed=7)
+    warm, recorded = plan[:3], plan[3:]
+    assert sorted(s.path for s in warm) == [0, 1, 2]
+    assert all(not s.recorded and s.end_s - s.start_s == pytest.approx(0.4) for s in warm)
+    assert all(s.recorded for s in recorded)
+    assert len(recorded) == 9  # three cycles: 1 s, 1 s and the last 0.5 s each
+    for path in range(3):
+        mine = [s.end_s - s.start_s for s in recorded if s.path == path]
+        assert sum(mine) == pytest.approx(2.5)
+    for cycle in range(0, 9, 3):
+        assert sorted(s.path for s in recorded[cycle : cycle + 3]) == [0, 1, 2]
+    for a, b in itertools.pairwise(plan):
+        assert a.path != b.path
+        assert b.start_s == pytest.approx(a.end_s)  # back to back
+    orders = {
+        tuple(s.path for s in loadgen.slice_plan(3, duration=30, slice_s=1, seed=seed))
+        for seed in range(3)
+    }
+    assert len(orders) == 3  # the seed shuffles
+
+
+def test_side_slices_refuse_no_paths_or_no_time():
+    for paths, duration, slice_s in ((0, 1.0, 1.0), (2, 0.0, 1.0), (2, 1.0, 0.0)):
+        with pytest.raises(ValueError, match="side-by-side load needs"):
+            loadgen.slice_plan(paths, duration=duration, slice_s=slice_s)
+
+
+async def test_side_sends_each_path_its_rate_in_its_own_turns_only():
+    """Two servers: each gets rate x duration recorded requests (and the warm-up's), and
+    their arrivals come in runs that switch at most once per turn."""
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+    a, b = await _server(seen["a"]), await _server(seen["b"])
+    paths = [(n, "127.0.0.1", s.sockets[0].getsockname()[1]) for n, s in (("a", a), ("b", b))]
+    async with a, b:
+        out = await loadgen.run_side(
+            paths, rate=200, connections=2, duration=0.6, slice_s=0.2, warmup=0.1
+        )
+    assert out["cycles"] == 3
+    for name in ("a", "b"):
+        got = out["paths"][name]
+        assert got["errors"] == 0
+        assert got["requests"] == 120  # 200/s for 0.6 s
+        assert got["warmup_requests"] == 20
+        assert Histogram.from_dict(got["hist"]).count == 120
+        assert len(seen[name]) == 140
+    names = [n for _, n in sorted((t, n) for n, times in seen.items() for t in times)]
+    switches = sum(1 for x, y in itertools.pairwise(names) if x != y)
+    assert 3 <= switches <= 7  # 8 turns (warm-up included): 7 switches, none within a turn
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--mode", "side", "--path", "a=127.0.0.1:1"], "two or more --path"),
+        (["--mode", "side", "--path", "a=127.0.0.1:1", "--path", "b=x"], "NAME=IP:PORT"),
+        (["--mode", "side", "--path", "a=h:1", "--path", "a=h:2"], "names must differ"),
+        (["--mode", "rate"], "needs --target"),
+    ],
+)
+def test_side_arguments_are_checked_with_what_was_given(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        loadgen.parse_args(argv)
+    assert says in capsys.readouterr().err

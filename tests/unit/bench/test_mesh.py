@@ -18,6 +18,15 @@ def test_pod_manifest_is_a_meshed_running_pod_on_its_node():
     assert doc["spec"]["serviceAccountName"] == "srv2"
 
 
+def test_pod_annotations_go_beside_the_inject_annotation():
+    skip = (("config.linkerd.io/skip-inbound-ports", "8081"),)
+    pod = mesh.BenchPod(role="srv", node="a", ip="10.200.0.3", annotations=skip)
+    assert mesh.pod_manifest(pod)["metadata"]["annotations"] == {
+        "linkerd.io/inject": "enabled",
+        "config.linkerd.io/skip-inbound-ports": "8081",
+    }
+
+
 def test_lab_name_carries_the_uid_discovery_looks_for():
     assert mesh.lab_name("cli") == f"pod{mesh.pod_uid('cli')}"
     assert mesh.pod_uid("cli") != mesh.pod_uid("srv")
@@ -37,3 +46,9 @@ def test_control_plane_parses_the_manifests_without_errors():
     assert errors == []
     kinds = sorted(type(o).__name__ for o in objects)
     assert kinds == ["Namespace", "Pod", "Pod", "Service"]
+
+
+def test_the_bench_waits_as_long_as_a_worker_takes_to_report_its_counts():
+    from agent.admin import observe  # noqa: PLC0415
+
+    assert mesh.REPORT_S == observe.REPORT_S

@@ -384,3 +384,62 @@ def test_accel_bulk_judges_the_download_too_when_it_ran():
     assert "bulk FAILED (15.0 Gbit/s, 0.938x plain; reverse 7.2 Gbit/s, 0.45x plain)" in line
     rows[-1]["gbps"] = 12.0
     assert report.accel_summary(rows)["bulk"]["sane"] is True
+
+
+def _side_row(mine: float, direct: float, haproxy: float, **more) -> dict:
+    return {
+        "setup": "meshagent-ebpf",
+        "load": "http1-side-1000",
+        "p50_ms": 0.15,
+        "p99_ms": mine,
+        "side": {
+            "direct": {"p50_ms": 0.04, "p99_ms": direct, "requests": 10, "errors": 0},
+            "haproxy-http": {"p50_ms": 0.14, "p99_ms": haproxy, "requests": 10, "errors": 1},
+        },
+        **more,
+    }
+
+
+def test_a_side_by_side_row_adds_latency_over_its_own_direct_and_is_set_against_its_haproxy():
+    rows = [
+        # rows of the sequential loads must not be used for the side-by-side one
+        {"setup": "direct", "load": "http1-side-1000", "p99_ms": 9.0},
+        {"setup": "haproxy-http", "load": "http1-side-1000", "p99_ms": 9.5},
+        _side_row(0.45, 0.2, 0.4),
+    ]
+    doc = report.document({}, rows, [])
+    row = doc["results"][-1]
+    assert row["added_p99_ms"] == 0.25
+    assert row["side"]["haproxy-http"]["added_p99_ms"] == 0.2
+    assert row["side"]["direct"]["added_p99_ms"] == 0.0
+    assert doc["ratios"]["added_p99:meshagent-ebpf/haproxy-http@http1-side-1000"] == 1.25
+    assert "added_p99_ms" not in rows[-1]["side"]["haproxy-http"]  # copied, not written into
+    (line,) = [n for n in doc["notes"] if n.startswith("side by side")]
+    assert line == (
+        "side by side at 1000 req/s (1 s turns): direct p99 0.2 ms; haproxy-http p99 0.4 ms "
+        "(added 0.2); meshagent-ebpf p99 0.45 ms (added 0.25): 1.25x haproxy-http's added p99"
+    )
+
+
+def test_side_by_side_rounds_take_each_peers_medians_and_pair_within_each_round():
+    rows = [_side_row(0.45, 0.2, 0.4), _side_row(0.9, 0.5, 0.6), _side_row(0.5, 0.3, 0.5)]
+    combined = report.combine(rows)
+    (row,) = combined
+    assert row["side"]["direct"]["p99_ms"] == 0.3
+    assert row["side"]["haproxy-http"]["p99_ms"] == 0.5
+    assert row["side"]["haproxy-http"]["requests"] == 30
+    assert row["side"]["haproxy-http"]["errors"] == 3
+    doc = report.document({}, combined, [], measured=rows)
+    name = "added_p99:meshagent-ebpf/haproxy-http@http1-side-1000"
+    assert doc["ratios"][name] == 1.0  # medians: (0.5 - 0.3) / (0.5 - 0.3)
+    # within rounds: 0.25 / 0.2, 0.4 / 0.1, 0.2 / 0.2
+    assert doc["ratios_paired"][name] == 1.25
+    assert [r["p99_ms"] for r in doc["measured"]] == [0.45, 0.9, 0.5]  # every round's row
+    assert "measured" not in report.document({}, rows[:1], [], measured=rows[:1])
+
+
+def test_a_side_by_side_ratio_is_left_out_when_haproxy_added_nothing():
+    doc = report.document({}, [_side_row(0.45, 0.4, 0.39)], [])
+    assert not any("http1-side" in k for k in doc["ratios"])
+    (line,) = [n for n in doc["notes"] if n.startswith("side by side")]
+    assert line.endswith("(added 0.05)")

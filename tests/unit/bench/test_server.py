@@ -11,6 +11,7 @@ import h2.connection
 import h2.events
 import pytest
 
+from agent import aio
 from agent.bench import server
 
 if TYPE_CHECKING:
@@ -131,3 +132,28 @@ async def test_http1_keep_alive_then_connection_close(port: int):
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
+
+
+async def test_one_server_answers_on_every_port_it_is_given():
+    ports = []
+    for _ in range(2):  # two free ports, released for the server to take
+        probe = await server.start("127.0.0.1", 0)
+        ports.append(probe.sockets[0].getsockname()[1])
+        probe.close()
+        await probe.wait_closed()
+    task = aio.spawn(server.serve("127.0.0.1", ports), name="server")
+    try:
+        for port in ports:
+            for _ in range(50):  # until it listens
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    break
+                except ConnectionRefusedError:
+                    await asyncio.sleep(0.02)
+            writer.write(b"GET / HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n")
+            assert (await reader.read()).startswith(b"HTTP/1.1 200 OK\r\n")
+            writer.close()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
