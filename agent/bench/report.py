@@ -60,7 +60,8 @@ Rules:
    own `direct`, not over a `direct` row; a ratio's peer value on such a load
    comes from the row's `side`. `combine` takes each peer's numbers' median
    over the rounds, as rule 6 does the row's. `side_notes` says each in one
-   line.
+   line. With more than one round the document keeps every round's rows under
+   `measured`, and each variant its own (the sides' numbers per round).
 """
 
 from __future__ import annotations
@@ -511,6 +512,8 @@ def variants(
                     "better": better,
                 }
         out[name] = {"env": dict(envs.get(name, {})), "results": combine(rows), "paired": paired}
+        if len(rows) > len(_rounds(rows)):  # as `document` keeps base's (rule 10)
+            out[name]["measured"] = [dict(r) for r in rows]
     return out
 
 

@@ -362,6 +362,7 @@ def test_a_variant_is_paired_with_base_round_by_round():
     assert not any("haproxy" in k for k in paired)  # base-only setups pair with nothing
     (combined,) = [r for r in got["ring"]["results"] if r["load"] == sat]
     assert combined["rps"] == 70.0  # the variant's own rows, medians (rule 6)
+    assert len(got["ring"]["measured"]) > len(got["ring"]["results"])  # every round's rows
     lines = report.variant_lines(got)
     assert (
         f"ring (MESHAGENT_IO_URING=on) / base: rps:meshagent-ebpf@{sat} = 1.15 "
