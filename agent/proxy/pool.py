@@ -28,7 +28,8 @@ Rules:
 7. Placement (agent.proxy.placement): with `WorkerOptions.cpus`, slot i takes the
    connections made on slot i's CPU: `steering` is the program the supervisor puts on
    each listener group. With `WorkerOptions.pin` too, slot i's worker, and each
-   replacement of it, pins itself to that CPU (`--cpu`).
+   replacement of it, pins itself to that CPU (`--cpu`). With `steer` off, there is
+   no program (the kernel's hash spreads connections) and only the pinning is left.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class WorkerOptions:
     env: Mapping[str, str] | None = None
     cpus: tuple[int, ...] = ()  # slot i's CPU (agent.proxy.placement); () steers nothing
     pin: bool = False  # each worker runs on its slot's CPU only (rule 7)
+    steer: bool = True  # with `cpus`: new connections go to the worker of their CPU (rule 7)
 
     def argv(self, channel_fd: int, worker_id: int) -> list[str]:
         argv = [
@@ -215,7 +217,7 @@ class WorkerPool:
         """The program that gives a listener group's new connections to the worker on
         their CPU, or None when the workers are not one per CPU (agent.proxy.placement
         rules 2 and 3). Slot i's socket is the i-th of each group (rule 2)."""
-        if not self.options.cpus or self.n < 2:
+        if not self.options.cpus or not self.options.steer or self.n < 2:
             return None
         cpus = self.options.cpus
         table = placement.steering_table([cpus[i % len(cpus)] for i in range(self.n)])

@@ -156,7 +156,8 @@ class Supervisor:
                     if s.cpu_placement != "off"
                     else ()
                 ),
-                pin=s.cpu_placement == "pin",
+                pin=s.cpu_placement in {"pin", "bind"},
+                steer=s.cpu_placement != "bind",
             ),
             on_need=self.targets.need,
             on_stats=self._on_stats,

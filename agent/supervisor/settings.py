@@ -20,7 +20,7 @@ from agent.proxy.pool import H2_UPGRADE_MODES
 
 REDIRECT_MODES = ("iptables", "ebpf", "auto")
 EMBEDDED = "embedded"
-CPU_PLACEMENTS = ("steer", "pin", "off")
+CPU_PLACEMENTS = ("steer", "pin", "bind", "off")
 
 
 def parse_pods_from(raw: str) -> Path:
@@ -73,7 +73,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         parse=config.choice(*CPU_PLACEMENTS),
         default="off",
         help="give worker i the new connections made on the i-th CPU (steer), and run it "
-        "there only (pin), or let the kernel spread connections by hash (off)",
+        "there only (pin), or run worker i on the i-th CPU only and let the kernel spread "
+        "connections by hash (bind), or neither (off)",
     ),
     Option(
         flag="--admin-addr",

@@ -84,10 +84,11 @@ async def make_pool():
         plugins: tuple[str, ...] = (PLUGIN,),
         cpus: tuple[int, ...] = (),
         pin: bool = False,
+        steer: bool = True,
         **kw,
     ) -> WorkerPool:
         options = WorkerOptions(
-            plugins=plugins, stats_interval_s=0.1, grace_s=5.0, cpus=cpus, pin=pin
+            plugins=plugins, stats_interval_s=0.1, grace_s=5.0, cpus=cpus, pin=pin, steer=steer
         )
         pool = WorkerPool(n, options=options, **kw)
         pools.append(pool)
@@ -307,6 +308,15 @@ async def test_a_pool_with_more_workers_than_cpus_is_not_steered(make_pool):
     pool = await make_pool(3, cpus=cpus, pin=True)
     assert [w.cpu for w in sorted(pool.workers, key=lambda w: w.worker_id)] == [*cpus, cpus[0]]
     assert pool.steering is None  # two slots on the first CPU: the kernel's hash spreads
+
+
+async def test_bound_workers_run_on_their_cpus_and_leave_connections_to_the_hash(make_pool):
+    """`--cpu-placement bind`: pinned as with `pin`, no steering program."""
+    cpus = _two_cpus()
+    pool = await make_pool(2, cpus=cpus, pin=True, steer=False)
+    workers = sorted(pool.workers, key=lambda w: w.worker_id)
+    assert [netlab.allowed_cpus(w.pid) for w in workers] == [str(c) for c in cpus]
+    assert pool.steering is None
 
 
 def test_a_steered_group_falls_back_to_the_hash_on_a_cpu_without_a_slot(pod_netns):

@@ -63,7 +63,8 @@ def test_cpu_placement_is_off_unless_asked_and_pins_only_when_pin(tmp_path):
     assert _settings(tmp_path, [], {"MESHAGENT_CPU_PLACEMENT": "steer"}).cpu_placement == "steer"
     with pytest.raises(SettingError, match="MESHAGENT_CPU_PLACEMENT") as err:
         _settings(tmp_path, [], {"MESHAGENT_CPU_PLACEMENT": "on"})
-    assert "steer, pin, off" in str(err.value)
+    assert "steer, pin, bind, off" in str(err.value)
+    assert _settings(tmp_path, ["--cpu-placement", "bind"]).cpu_placement == "bind"
     steered = WorkerOptions(cpus=(4, 6)).argv(3, 1)
     assert worker.parse_args(steered[3:]).cpu is None  # steered, runs anywhere
     pinned = WorkerOptions(cpus=(4, 6), pin=True)
