@@ -149,20 +149,31 @@ async def _connect(host: str, port: int) -> _Client:
     return proto
 
 
-async def _rate_conn(  # noqa: PLR0913, PLR0917 - one connection's share of the schedule
-    run: Run, host: str, port: int, req: bytes, first_ns: int, step_ns: int, end_ns: int
+async def _paced_conn(  # noqa: PLR0913, PLR0917 - one connection's share of the schedule
+    host: str,
+    port: int,
+    req: bytes,
+    slices: list[tuple[int, int, Run]],
+    first_ns: int,
+    step_ns: int,
+    end_ns: int,
 ) -> None:
+    """Connection k's share of a schedule (rules 1 and 5): within each slice (absolute
+    perf ns start and end, and the `Run` it records into) a request due `first_ns` after
+    its start and every `step_ns` after that; what is still owed when the whole load
+    ends (`end_ns`) is unsent (the target stalled)."""
     client: _Client | None = None
-    due = first_ns
-    while due < end_ns:
-        now = time.perf_counter_ns()
-        if now > end_ns:
-            run.fail("unsent", (end_ns - due) // step_ns + 1)  # the target stalled
-            break
-        if due - now > EARLY_S * 1e9:
-            await asyncio.sleep((due - now) / 1e9 - EARLY_S)
-        client = await _exchange(run, client, host, port, req, due_ns=due)
-        due += step_ns
+    for start, end, run in slices:
+        due = start + first_ns
+        while due < end:
+            now = time.perf_counter_ns()
+            if now > end_ns:
+                run.fail("unsent", (end - due) // step_ns + 1)
+                break
+            if due - now > EARLY_S * 1e9:
+                await asyncio.sleep((due - now) / 1e9 - EARLY_S)
+            client = await _exchange(run, client, host, port, req, due_ns=due)
+            due += step_ns
     _close(client)
 
 
@@ -208,7 +219,9 @@ async def run_rate(  # noqa: PLR0913 - the load's knobs
     end = run.record_from + int(duration * 1e9)
     tasks = [
         aio.spawn(
-            _rate_conn(run, host, port, req, t0 + k * interval_ns, interval_ns * connections, end),
+            _paced_conn(
+                host, port, req, [(t0, end, run)], k * interval_ns, interval_ns * connections, end
+            ),
             name=f"conn-{k}",
         )
         for k in range(connections)
@@ -323,35 +336,6 @@ def slice_plan(
     return plan
 
 
-async def _side_conn(  # noqa: PLR0913, PLR0917 - one connection's share of its path's slices
-    run: Run,
-    warm: Run,
-    host: str,
-    port: int,
-    req: bytes,
-    slices: list[tuple[int, int, bool]],
-    first_ns: int,
-    step_ns: int,
-    end_all: int,
-) -> None:
-    """Connection k of a path: rule 1 within each of its path's slices (absolute perf ns
-    start and end), `first_ns` after each slice's start, every `step_ns`; what is still
-    owed when the whole run ends (`end_all`) is unsent."""
-    client: _Client | None = None
-    for start, end, recorded in slices:
-        due = start + first_ns
-        while due < end:
-            now = time.perf_counter_ns()
-            if now > end_all:
-                (run if recorded else warm).fail("unsent", (end - due) // step_ns + 1)
-                break
-            if due - now > EARLY_S * 1e9:
-                await asyncio.sleep((due - now) / 1e9 - EARLY_S)
-            client = await _exchange(run if recorded else warm, client, host, port, req, due_ns=due)
-            due += step_ns
-    _close(client)
-
-
 async def run_side(  # noqa: PLR0913 - the load's knobs
     paths: list[tuple[str, str, int]],
     *,
@@ -372,34 +356,27 @@ async def run_side(  # noqa: PLR0913 - the load's knobs
     tasks = []
     for i, (name, host, port) in enumerate(paths):
         mine = [
-            (t0 + round(s.start_s * 1e9), t0 + round(s.end_s * 1e9), s.recorded)
+            (
+                t0 + round(s.start_s * 1e9),
+                t0 + round(s.end_s * 1e9),
+                runs[i] if s.recorded else warms[i],
+            )
             for s in plan
             if s.path == i
         ]
         req = request_bytes(host)
         for k in range(connections):
-            conn = _side_conn(
-                runs[i],
-                warms[i],
-                host,
-                port,
-                req,
-                mine,
-                k * interval_ns,
-                interval_ns * connections,
-                end_all,
+            conn = _paced_conn(
+                host, port, req, mine, k * interval_ns, interval_ns * connections, end_all
             )
             tasks.append(aio.spawn(conn, name=f"{name}-{k}"))
     await asyncio.gather(*tasks)
-    recorded = sum(s.end_s - s.start_s for s in plan if s.recorded) / len(paths)
-    out = {name: run.to_dict(recorded) for (name, _, _), run in zip(paths, runs, strict=True)}
+    recorded = [s for s in plan if s.recorded]
+    seconds = sum(s.end_s - s.start_s for s in recorded) / len(paths)
+    out = {name: run.to_dict(seconds) for (name, _, _), run in zip(paths, runs, strict=True)}
     for (name, _, _), warm in zip(paths, warms, strict=True):
         out[name]["warmup_requests"] = warm.requests
-    return {
-        "paths": out,
-        "slice_s": slice_s,
-        "cycles": math.ceil(duration / slice_s - 1e-9),
-    }
+    return {"paths": out, "slice_s": slice_s, "cycles": len(recorded) // len(paths)}
 
 
 def parse_path(text: str) -> tuple[str, str, int]:

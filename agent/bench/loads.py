@@ -24,7 +24,7 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.bench.hist import Histogram
 from agent.errors import AgentError
@@ -80,7 +80,15 @@ class Measured:
 
 def from_loadgen(text: str) -> Measured:
     """Raises: ValueError: not the loadgen's JSON."""
-    data = json.loads(text)
+    return _measured(json.loads(text))
+
+
+def _measured(data: dict[str, Any]) -> Measured:
+    """One run's object of the loadgen's JSON (agent.bench.loadgen rule 3) as `Measured`.
+
+    Raises:
+        KeyError: a field is missing.
+    """
     hist = Histogram.from_dict(data["hist"])
     return Measured(
         requests=int(data["requests"]),
@@ -196,7 +204,7 @@ def from_side(text: str) -> dict[str, Measured]:
         ValueError: not that JSON.
     """
     paths = json.loads(text)["paths"]
-    return {str(name): from_loadgen(json.dumps(one)) for name, one in paths.items()}
+    return {str(name): _measured(one) for name, one in paths.items()}
 
 
 def http1_side(

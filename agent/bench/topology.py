@@ -62,9 +62,9 @@ if TYPE_CHECKING:
 
 HTTP_PORT = 8080
 # The servers' second port, outside the mesh: the pods' manifests skip it (cli's
-# outbound, srv's and srv2's inbound), so the side-by-side loads (agent.bench.side)
-# reach the same server process directly and through HAProxy while a node agent meshes
-# HTTP_PORT.
+# outbound, srv's and srv2's inbound), so the side-by-side loads (agent.bench.harness
+# rule 10, `peers.side_peers`) reach the same server process directly and through
+# HAProxy while a node agent meshes HTTP_PORT.
 SIDE_PORT = 8081
 IPERF_PORT = 5201
 PROXY_HTTP_PORT = 18080  # HAProxy's (and the floor's) listeners in the client pod

@@ -216,7 +216,8 @@ class WorkerPool:
     def steering(self) -> bytes | None:
         """The program that gives a listener group's new connections to the worker on
         their CPU, or None when the workers are not one per CPU (agent.proxy.placement
-        rules 2 and 3). Slot i's socket is the i-th of each group (rule 2)."""
+        rules 2 and 3) or steering is off (`bind`). Slot i's socket is the i-th of each
+        group (rule 2)."""
         if not self.options.cpus or not self.options.steer or self.n < 2:
             return None
         cpus = self.options.cpus
