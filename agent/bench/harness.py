@@ -343,28 +343,34 @@ def machine(calibration: dict[str, Any], placement: str = "split") -> dict[str, 
     }
 
 
+def _rates(m: loads.Measured) -> dict[str, Any]:
+    """What a load measured of requests: rate, latency, counts (a row's, a side's)."""
+    return {
+        "rps": round(m.rps, 1) if m.requests else None,
+        "p50_ms": m.p50_ms,
+        "p99_ms": m.p99_ms,
+        "p999_ms": m.p999_ms,
+        "requests": m.requests,
+        "errors": m.errors,
+        **({"error_kinds": dict(m.error_kinds)} if m.error_kinds else {}),
+    }
+
+
 def _row(target: Target, load: str, m: loads.Measured, cpu_s: float) -> dict[str, Any]:
     rss, _ = memory_of(target.proxy_pids())
     row: dict[str, Any] = {
         "setup": target.setup,
         "load": load,
-        "rps": round(m.rps, 1) if m.requests else None,
-        "p50_ms": m.p50_ms,
-        "p99_ms": m.p99_ms,
-        "p999_ms": m.p999_ms,
+        **_rates(m),
         "added_p99_ms": None,
         "gbps": round(m.gbps, 3) if m.bytes else None,
         "rss_mb": rss if target.roots else None,
         "cpu_s": round(cpu_s, 3) if target.roots else None,
         "cpu_s_per_req": None,
         "cpu_s_per_gb": None,
-        "requests": m.requests,
-        "errors": m.errors,
         "hops": target.hops,
         "mtls": target.mtls,
     }
-    if m.error_kinds:
-        row["error_kinds"] = dict(m.error_kinds)
     if target.roots and m.requests:
         row["cpu_s_per_req"] = cpu_s / m.requests
     if target.roots and m.bytes:
@@ -401,18 +407,7 @@ def _side_load(
         got = loads.http1_side([*others, target], rate, opts.duration_s, opts.warmup_s)
         counted = sum(a.requests_settled() for a in target.agents) - sum(before)
     mine = got[target.setup]
-    side: dict[str, Any] = {}
-    for peer in others:
-        m = got[peer.setup]
-        side[peer.setup] = {
-            "rps": round(m.rps, 1) if m.requests else None,
-            "p50_ms": m.p50_ms,
-            "p99_ms": m.p99_ms,
-            "p999_ms": m.p999_ms,
-            "requests": m.requests,
-            "errors": m.errors,
-            **({"error_kinds": dict(m.error_kinds)} if m.error_kinds else {}),
-        }
+    side = {peer.setup: _rates(got[peer.setup]) for peer in others}
     # the node agent counts its own path's requests only: the peers' bypass it
     return mine, {
         "side": side,

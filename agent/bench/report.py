@@ -122,8 +122,16 @@ def l7_peer_of(setup: str) -> str:
     return L7_PEERS[0] if setup.endswith("-h1-xnode") else L7_PEERS[1]
 
 
-def _minus(mine: float | None, base: float | None) -> float | None:
+def added_ms(mine: float | None, base: float | None) -> float | None:
+    """Latency added over `base` (rule 1), None when either is missing."""
     return round(mine - base, 3) if mine is not None and base is not None else None
+
+
+def added_ratio(mine: float | None, theirs: float | None) -> float | None:
+    """Added latency over a peer's (rule 2): None when the peer's is missing or not
+    positive (within the noise of its baseline, the quotient would only say which way
+    the noise went)."""
+    return _ratio(mine, theirs) if theirs is not None and theirs > 0 else None
 
 
 def add_latency_over_baseline(rows: Sequence[Row]) -> None:
@@ -135,19 +143,24 @@ def add_latency_over_baseline(rows: Sequence[Row]) -> None:
             side = {name: dict(peer) for name, peer in r["side"].items()}
             base = side.get(SIDE_BASELINE, {}).get("p99_ms")
             for peer in side.values():
-                peer["added_p99_ms"] = _minus(peer.get("p99_ms"), base)
+                peer["added_p99_ms"] = added_ms(peer.get("p99_ms"), base)
             r["side"] = side
         else:
             base = p99.get((baseline_of(r["setup"]), r["load"]))
-        r["added_p99_ms"] = _minus(r.get("p99_ms"), base)
+        r["added_p99_ms"] = added_ms(r.get("p99_ms"), base)
+
+
+def _row_of(rows: Sequence[Row], setup: str, load: str) -> Row | None:
+    return next((r for r in rows if r["setup"] == setup and r["load"] == load), None)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if value is not None else None
 
 
 def _get(rows: Sequence[Row], setup: str, load: str, key: str) -> float | None:
-    for r in rows:
-        if r["setup"] == setup and r["load"] == load:
-            value = r.get(key)
-            return float(value) if value is not None else None
-    return None
+    row = _row_of(rows, setup, load)
+    return None if row is None else _number(row.get(key))
 
 
 def _peer_get(rows: Sequence[Row], setup: str, peer: str, load: str, key: str) -> float | None:
@@ -155,11 +168,8 @@ def _peer_get(rows: Sequence[Row], setup: str, peer: str, load: str, key: str) -
     side on a side-by-side load (rule 10), else from the peer's row."""
     if not load.startswith(SIDE_PREFIX):
         return _get(rows, peer, load, key)
-    for r in rows:
-        if r["setup"] == setup and r["load"] == load:
-            value = (r.get("side") or {}).get(peer, {}).get(key)
-            return float(value) if value is not None else None
-    return None
+    row = _row_of(rows, setup, load)
+    return None if row is None else _number((row.get("side") or {}).get(peer, {}).get(key))
 
 
 def _ratio(mine: float | None, peer: float | None) -> float | None:
@@ -194,9 +204,8 @@ def ratios(rows: Sequence[Row]) -> dict[str, float]:
         for metric, key, load, peer_same, peer_x in _RATIOS:
             for peer in (peer_x, l7_peer_of(setup)) if xnode else (peer_same,):
                 theirs = _peer_get(rows, setup, peer, load, key)
-                if key == "added_p99_ms" and theirs is not None and theirs <= 0:
-                    continue
-                value = _ratio(_get(rows, setup, load, key), theirs)
+                ratio = added_ratio if key == "added_p99_ms" else _ratio
+                value = ratio(_get(rows, setup, load, key), theirs)
                 if value is not None:
                     out[f"{metric}:{setup}/{peer}@{load}"] = value
     out.update(_accel_ratios(rows))
@@ -444,8 +453,7 @@ def side_notes(rows: Sequence[Row]) -> list[str]:
             p99 = peer.get("p99_ms")
             text = f"{name} p99 {p99 if p99 is None else round(p99, 3)} ms"
             parts.append(text if name == SIDE_BASELINE else f"{text} (added {added})")
-        theirs = side.get("haproxy-http", {}).get("added_p99_ms")
-        ratio = _ratio(r.get("added_p99_ms"), theirs) if theirs is not None and theirs > 0 else None
+        ratio = added_ratio(r.get("added_p99_ms"), side.get("haproxy-http", {}).get("added_p99_ms"))
         verdict = f": {ratio}x haproxy-http's added p99" if ratio is not None else ""
         lines.append(f"side by side at {rate} req/s (1 s turns): {'; '.join(parts)}{verdict}")
     return lines

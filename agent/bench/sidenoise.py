@@ -25,7 +25,7 @@ import statistics
 import sys
 from typing import TYPE_CHECKING, Any
 
-from agent.bench import loads, peers, setups
+from agent.bench import loads, peers, report, setups
 from agent.bench.topology import placed
 
 if TYPE_CHECKING:
@@ -43,17 +43,12 @@ def quotients(got: Mapping[str, loads.Measured]) -> dict[str, Any]:
         "p99_ms": p99,
         "errors": sum(got[name].errors for name in PATHS),
     }
-    added = []
-    for proxy, base in (("haproxy-http", "direct"), ("haproxy2", "direct2")):
-        mine, theirs = p99[proxy], p99[base]
-        added.append(None if mine is None or theirs is None else round(mine - theirs, 3))
-    out["added_p99_ms"] = added
-    first, second = added
-    out["quotient"] = (
-        round(first / second, 3)
-        if first is not None and second is not None and second > 0
-        else None
+    first, second = (
+        report.added_ms(p99[proxy], p99[base])
+        for proxy, base in (("haproxy-http", "direct"), ("haproxy2", "direct2"))
     )
+    out["added_p99_ms"] = [first, second]
+    out["quotient"] = report.added_ratio(first, second)  # as the bench's ratios (rule 2)
     return out
 
 
