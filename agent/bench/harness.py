@@ -51,14 +51,20 @@ Rules:
    interpreted; read at each setup, the check went quiet exactly then (thirty-sixth
    pass). The switch is read at each setup: `--profile` turns the build off for
    the agents it profiles (agent.bench.profile rule 4).
-10. Side by side (`http1-side-N`, same-node meshagent setups without sockmap):
-   while the setup's node agent runs, `direct` and `haproxy-http` are started to
-   the server's `SIDE_PORT`, which the mesh skips (`peers.side_peers`), and one
-   load generator sends N requests/s to the three in turn, 1 s each, a shuffled
-   order per cycle (agent.bench.loadgen rule 5), each for the load's duration.
-   The row is the setup's, with `side`: the peers' numbers from the same slices
-   (agent.bench.report rule 10). Its CPU is not counted: the node agent idles
-   through the peers' slices.
+10. Side by side (`http1-side-N`, meshagent setups without sockmap): while the
+   setup's node agents run, its baseline and its HAProxy peer (`direct` and
+   `haproxy-http` on one node, `direct-xnode` and `haproxy-tls` across nodes)
+   are started to the server's `SIDE_PORT`, which the mesh skips
+   (`peers.side_peers`, agent.bench.topology rule 6), and one load generator
+   sends N requests/s to the three in turn, 1 s each, a shuffled order per
+   cycle (agent.bench.loadgen rule 5), each for the load's duration. The row is
+   the setup's, with `side`: the peers' numbers from the same slices
+   (agent.bench.report rule 10), and what the node agents counted meanwhile
+   (`agent_requests` outbound, `agent_inbound_requests`), which equals what was
+   sent on the mesh's path (`sent`) when the peers bypassed the mesh, and the
+   servers' ports they proxied to (`agent_target_ports`: `HTTP_PORT` only, not
+   the peers' ports, whose TLS a count of requests would not show). Its CPU is
+   not counted: the node agents idle through the peers' slices.
 """
 
 from __future__ import annotations
@@ -385,14 +391,13 @@ def _applicable(target: Target, load: str) -> str | None:
     if load == "h2-saturate" and not target.h2:
         return "HTTP/1.1 only"
     if load.startswith(SIDE_PREFIX) and not side_by_side(target.setup):
-        return "side by side: same-node meshagent setups without sockmap only (rule 10)"
+        return "side by side: meshagent setups without sockmap only (rule 10)"
     return None
 
 
 def side_by_side(setup: str) -> bool:
     """Whether `setup` runs the `http1-side-N` loads (rule 10)."""
-    plain = setup.startswith("meshagent-") and setup != report.ACCEL_SETUP
-    return plain and not report.cross_node(setup)
+    return setup.startswith("meshagent-") and setup != report.ACCEL_SETUP
 
 
 def _side_load(
@@ -402,18 +407,29 @@ def _side_load(
     requests its node agents counted (`agent_requests`) and the load sent it (`sent`,
     with the warm-up's)."""
     rate = int(load.removeprefix(SIDE_PREFIX))
-    with peers.side_peers(topo) as others:
-        before = [a.requests_settled() for a in target.agents]
+    with peers.side_peers(topo, cross=report.cross_node(target.setup)) as others:
+        before = _agents_counted(target)
         got = loads.http1_side([*others, target], rate, opts.duration_s, opts.warmup_s)
-        counted = sum(a.requests_settled() for a in target.agents) - sum(before)
+        after = _agents_counted(target)
     mine = got[target.setup]
     side = {peer.setup: _rates(got[peer.setup]) for peer in others}
-    # the node agent counts its own path's requests only: the peers' bypass it
+    # the node agents count their own path's requests only: the peers' bypass them
     return mine, {
         "side": side,
-        "agent_requests": counted,
+        "agent_requests": after[0] - before[0],
+        "agent_inbound_requests": after[1] - before[1],
         "sent": mine.requests + mine.warmup_requests,
+        # the servers' ports the node agents proxied to: SIDE_PORT (or HAProxy's TLS
+        # listener) among them would say the mesh captured a peer
+        "agent_target_ports": sorted(set().union(*(a.target_ports() for a in target.agents))),
     }
+
+
+def _agents_counted(target: Target) -> tuple[int, int]:
+    """The requests `target`'s node agents counted so far, outbound and inbound, once
+    every worker has reported (workers report both directions at once)."""
+    outbound = sum(a.requests_settled() for a in target.agents)
+    return outbound, sum(a.requests_counted("inbound") for a in target.agents)
 
 
 def _one_load(target: Target, load: str, opts: Options) -> loads.Measured:

@@ -46,6 +46,7 @@ from agent.netlab import port_open
 from agent.redirect.ebpf_cache import ENV_CACHE as ENV_BPF_CACHE
 
 if TYPE_CHECKING:
+    from agent.admin.stat import Key
     from agent.netlab import Lab, LabNode, LabPod
 
 NAMESPACE = "bench"
@@ -216,8 +217,8 @@ class NodeAgent:
             with exc:
                 return int(exc.code), exc.read()
 
-    def requests_counted(self, direction: str = "outbound") -> int:
-        """The HTTP requests its metrics count in `direction` so far (`request_total`).
+    def _samples(self) -> dict[Key, float]:
+        """Its metrics' samples, by (name, labels).
 
         Raises:
             MeshError: its admin server did not answer with metrics.
@@ -230,14 +231,36 @@ class NodeAgent:
             raise MeshError(self.name, f"GET /metrics: {exc}") from exc
         if status != HTTPStatus.OK:
             raise MeshError(self.name, f"GET /metrics answered {status}")
-        samples = stat.parse(body.decode(), 0.0).samples
+        return stat.parse(body.decode(), 0.0).samples
+
+    def requests_counted(self, direction: str = "outbound") -> int:
+        """The HTTP requests its metrics count in `direction` so far (`request_total`).
+
+        Raises:
+            MeshError: its admin server did not answer with metrics.
+        """
         return int(
             sum(
                 value
-                for (name, labels), value in samples.items()
+                for (name, labels), value in self._samples().items()
                 if name == "request_total" and ("direction", direction) in labels
             )
         )
+
+    def target_ports(self) -> set[int]:
+        """The ports of the pods' servers it has proxied connections to so far (the
+        `target_port` of `tcp_open_total`, which inbound series carry).
+
+        Raises:
+            MeshError: its admin server did not answer with metrics.
+        """
+        return {
+            int(value)
+            for (name, labels), _ in self._samples().items()
+            if name == "tcp_open_total"
+            for key, value in labels
+            if key == "target_port" and value.isdigit()
+        }
 
     def requests_settled(self, direction: str = "outbound", tries: int = 5) -> int:
         """`requests_counted` once every worker has reported what it counted: workers

@@ -209,10 +209,15 @@ def haproxy_one_hop(mode: str, server_port: int = HTTP_PORT) -> SetupFn:
 
 
 @contextlib.contextmanager
-def side_peers(topo: Topology) -> Iterator[list[Target]]:
-    """`direct` and `haproxy-http` to `srv`'s `SIDE_PORT`, which the mesh skips: the peers
-    a same-node meshagent setup is measured beside, taking turns (agent.bench.harness
-    rule 10), while its node agent meshes `HTTP_PORT`."""
+def side_peers(topo: Topology, *, cross: bool) -> Iterator[list[Target]]:
+    """The peers a meshagent setup is measured beside, taking turns (agent.bench.harness
+    rule 10), while its node agents mesh `HTTP_PORT`: to the server's `SIDE_PORT`, which
+    the mesh skips (topology rule 6), `direct` and `haproxy-http` on one node (`srv`),
+    `direct-xnode` and `haproxy-tls` across nodes (`srv2`, `cross`)."""
+    if cross:
+        with haproxy_two_hop("tcp", SIDE_PORT)(topo) as proxy:
+            yield [_direct("direct-xnode", topo, topo.srv2.ip, SIDE_PORT), proxy]
+        return
     with haproxy_one_hop("http", SIDE_PORT)(topo) as proxy:
         yield [_direct("direct", topo, topo.srv.ip, SIDE_PORT), proxy]
 
@@ -299,8 +304,10 @@ def python_floor_tls(topo: Topology) -> Iterator[Target]:
         _stop(server_side)
 
 
-def haproxy_two_hop(between: str) -> SetupFn:
-    """HAProxy in `cli` -> mutual TLS 1.3 -> HAProxy in `srv2` -> server.
+def haproxy_two_hop(between: str, server_port: int = HTTP_PORT) -> SetupFn:
+    """HAProxy in `cli` -> mutual TLS 1.3 -> HAProxy in `srv2` -> the server's
+    `server_port` (iperf too for tcp on `HTTP_PORT`; the side-by-side peer on
+    `SIDE_PORT` carries HTTP only).
 
     `between`: `tcp` (haproxy-tls) relays bytes, iperf3 too: what mTLS alone
     costs. `h1` (haproxy-tls-h1) and `h2` (haproxy-tls-h2) run `mode http` on both
@@ -313,8 +320,8 @@ def haproxy_two_hop(between: str) -> SetupFn:
     mode = "tcp" if between == "tcp" else "http"
     alpn = "h2" if between == "h2" else ""
     # (route, the app's port in srv2, the client-side listener, the TLS listener)
-    ports = [("http", HTTP_PORT, PROXY_HTTP_PORT, TLS_HTTP_PORT)]
-    if mode == "tcp":
+    ports = [("http", server_port, PROXY_HTTP_PORT, TLS_HTTP_PORT)]
+    if mode == "tcp" and server_port == HTTP_PORT:
         ports.append(("iperf", IPERF_PORT, PROXY_IPERF_PORT, TLS_IPERF_PORT))
 
     @contextlib.contextmanager
@@ -357,7 +364,7 @@ def haproxy_two_hop(between: str) -> SetupFn:
                     client=topo.cli,
                     host="127.0.0.1",
                     http_port=PROXY_HTTP_PORT,
-                    iperf_port=PROXY_IPERF_PORT if mode == "tcp" else 0,
+                    iperf_port=PROXY_IPERF_PORT if len(ports) > 1 else 0,
                     hops=2,
                     mtls=True,
                     roots=[client_side.pid, server_side.pid],

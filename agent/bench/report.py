@@ -55,13 +55,16 @@ Rules:
    Gbit/s, lower CPU per request and latency). The variant's own rows are
    combined as rule 6 says.
 10. Side by side (`http1-side-N`, agent.bench.harness rule 10): a row's `side`
-   holds the peers measured in the same run of turns (`direct`,
-   `haproxy-http`). Its `added_p99_ms`, and each peer's, is over the side's
-   own `direct`, not over a `direct` row; a ratio's peer value on such a load
-   comes from the row's `side`. `combine` takes each peer's numbers' median
-   over the rounds, as rule 6 does the row's. `side_notes` says each in one
-   line. With more than one round the document keeps every round's rows under
-   `measured`, and each variant its own (the sides' numbers per round).
+   holds the peers measured in the same run of turns (`direct` and
+   `haproxy-http`; across nodes `direct-xnode` and `haproxy-tls`). Its
+   `added_p99_ms`, and each peer's, is over the side's own baseline (rule 1's,
+   `baseline_of`), not over a baseline row; a ratio's peer value on such a load
+   comes from the row's `side` (across nodes there is no L7 peer in it, so
+   only the `haproxy-tls` ratio). `combine` takes each peer's numbers' median
+   over the rounds, as rule 6 does the row's, and sums the row's `SIDE_COUNTS`.
+   `side_notes` says each in one line. With more than one round the document
+   keeps every round's rows under `measured`, and each variant its own (the
+   sides' numbers per round).
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ FLOOR_SETUP = "python-floor"
 FLOOR_TLS_SETUP = "python-floor-tls"
 CROSS_PEER = "haproxy-tls"
 SIDE_PREFIX = "http1-side-"  # rule 10
-SIDE_BASELINE = "direct"
+# a side-by-side row's counts of the mesh's path (agent.bench.harness rule 10), summed
+SIDE_COUNTS = ("sent", "agent_requests", "agent_inbound_requests")
 L7_PEERS = ("haproxy-tls-h1", "haproxy-tls-h2")  # rule 8
 _FLOOR_METRICS = [  # (metric name, row key, load), rule 5
     ("http1_saturate_rps", "rps", "http1-saturate"),
@@ -141,7 +145,7 @@ def add_latency_over_baseline(rows: Sequence[Row]) -> None:
     for r in rows:
         if r.get("side"):
             side = {name: dict(peer) for name, peer in r["side"].items()}
-            base = side.get(SIDE_BASELINE, {}).get("p99_ms")
+            base = side.get(baseline_of(r["setup"]), {}).get("p99_ms")
             for peer in side.values():
                 peer["added_p99_ms"] = added_ms(peer.get("p99_ms"), base)
             r["side"] = side
@@ -422,6 +426,8 @@ def _combine_extras(row: Row, good: list[Row]) -> None:
         row["idle_pct_cpus"] = [statistics.median(col) for col in zip(*cpus, strict=True)]
     if any(r.get("side") for r in good):
         row["side"] = _combine_side([r["side"] for r in good if r.get("side")])
+        for key in SIDE_COUNTS:
+            row[key] = sum(r.get(key) or 0 for r in good)
 
 
 def _combine_side(sides: list[dict[str, Any]]) -> dict[str, Any]:
@@ -447,14 +453,16 @@ def side_notes(rows: Sequence[Row]) -> list[str]:
         if not side or r.get("error"):
             continue
         rate = r["load"].removeprefix(SIDE_PREFIX)
+        base = baseline_of(r["setup"])
+        haproxy = CROSS_PEER if cross_node(r["setup"]) else "haproxy-http"
         parts = []
         for name, peer in [*side.items(), (r["setup"], r)]:
             added = peer.get("added_p99_ms")
             p99 = peer.get("p99_ms")
             text = f"{name} p99 {p99 if p99 is None else round(p99, 3)} ms"
-            parts.append(text if name == SIDE_BASELINE else f"{text} (added {added})")
-        ratio = added_ratio(r.get("added_p99_ms"), side.get("haproxy-http", {}).get("added_p99_ms"))
-        verdict = f": {ratio}x haproxy-http's added p99" if ratio is not None else ""
+            parts.append(text if name == base else f"{text} (added {added})")
+        ratio = added_ratio(r.get("added_p99_ms"), side.get(haproxy, {}).get("added_p99_ms"))
+        verdict = f": {ratio}x {haproxy}'s added p99" if ratio is not None else ""
         lines.append(f"side by side at {rate} req/s (1 s turns): {'; '.join(parts)}{verdict}")
     return lines
 

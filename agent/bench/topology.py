@@ -33,6 +33,11 @@ Rules:
    can use the time the other node leaves idle, which two machines never lend
    each other: it flattered the cross-node h2 path, whose nodes wait on each
    other's batches, by about an eighth (bench/RESULTS.md, twenty-eighth pass).
+6. The pods' manifests keep the side-by-side peers (agent.bench.harness rule 10)
+   out of the mesh: `cli` skips outbound `SIDE_PORT`, `PROXY_HTTP_PORT` and
+   `TLS_HTTP_PORT`, `srv` skips inbound `SIDE_PORT`, `srv2` inbound `SIDE_PORT`
+   and `TLS_HTTP_PORT` (haproxy-tls's hop), so a node agent meshes `HTTP_PORT`
+   only while the peers run beside it.
 """
 
 from __future__ import annotations
@@ -292,13 +297,16 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
         mesh=MeshPlane(workdir=workdir),
     )
     ports = (HTTP_PORT, IPERF_PORT)
-    skip_out = ((SKIP_OUTBOUND_PORTS, f"{SIDE_PORT},{PROXY_HTTP_PORT}"),)
+    # the side-by-side peers' ports stay outside the mesh: the server's second port, and
+    # across nodes haproxy-tls's hop from cli to its listener in srv2 (rule 6)
+    skip_out = ((SKIP_OUTBOUND_PORTS, f"{SIDE_PORT},{PROXY_HTTP_PORT},{TLS_HTTP_PORT}"),)
     skip_in = ((SKIP_INBOUND_PORTS, str(SIDE_PORT)),)
+    skip_in2 = ((SKIP_INBOUND_PORTS, f"{SIDE_PORT},{TLS_HTTP_PORT}"),)
     topo.mesh.add(
         [
             BenchPod(role="cli", node=a.name, ip=topo.cli.ip, annotations=skip_out),
             BenchPod(role="srv", node=a.name, ip=topo.srv.ip, ports=ports, annotations=skip_in),
-            BenchPod(role="srv2", node=b.name, ip=topo.srv2.ip, ports=ports, annotations=skip_in),
+            BenchPod(role="srv2", node=b.name, ip=topo.srv2.ip, ports=ports, annotations=skip_in2),
         ]
     )
     # a process in cli from the start: node agents find pods by their processes

@@ -88,9 +88,24 @@ def test_accel_setup_runs_by_default_and_http1_rr_only_in_the_full_run():
     assert Options.make(quick=True, loads_="http1-rr").loads == ("http1-rr",)
 
 
-def test_side_by_side_runs_on_plain_same_node_meshagent_setups_at_1000_in_quick_runs():
-    assert [s for s in setups.SETUPS if side_by_side(s)] == ["meshagent-iptables", "meshagent-ebpf"]
+def test_side_by_side_runs_on_meshagent_setups_without_sockmap_at_1000_in_quick_runs():
+    assert [s for s in setups.SETUPS if side_by_side(s)] == [
+        "meshagent-iptables",
+        "meshagent-ebpf",
+        "meshagent-iptables-xnode",
+        "meshagent-ebpf-xnode",
+        "meshagent-ebpf-h2-xnode",
+        "meshagent-ebpf-h1-xnode",
+    ]
     quick, full = Options.make(quick=True), Options.make(quick=False)
+    ran = {s for s in full.setups if side_by_side(s) and full.runs(s, "http1-side-1000")}
+    # the upgrade modes explain saturation only (rule 8): not in a full run's side loads
+    assert ran == {
+        "meshagent-iptables",
+        "meshagent-ebpf",
+        "meshagent-iptables-xnode",
+        "meshagent-ebpf-xnode",
+    }
     assert "http1-side-1000" in quick.loads
     assert "http1-side-2000" not in quick.loads
     assert {"http1-side-1000", "http1-side-2000"} <= set(full.loads)

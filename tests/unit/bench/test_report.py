@@ -422,10 +422,39 @@ def test_a_side_by_side_row_adds_latency_over_its_own_direct_and_is_set_against_
     )
 
 
+def test_a_cross_node_side_by_side_row_is_over_its_direct_xnode_and_set_against_haproxy_tls():
+    row = {
+        "setup": "meshagent-ebpf-xnode",
+        "load": "http1-side-1000",
+        "p99_ms": 0.9,
+        "side": {
+            "direct-xnode": {"p99_ms": 0.3, "requests": 10, "errors": 0},
+            "haproxy-tls": {"p99_ms": 0.7, "requests": 10, "errors": 0},
+        },
+    }
+    rows = [{"setup": "direct-xnode", "load": "http1-side-1000", "p99_ms": 9.0}, row]
+    doc = report.document({}, rows, [])
+    mine = doc["results"][-1]
+    assert mine["added_p99_ms"] == 0.6
+    assert mine["side"]["haproxy-tls"]["added_p99_ms"] == 0.4
+    assert mine["side"]["direct-xnode"]["added_p99_ms"] == 0.0
+    side_ratios = {k: v for k, v in doc["ratios"].items() if "http1-side" in k}
+    # the L7 peer (haproxy-tls-h2) was not beside it: no ratio against it
+    assert side_ratios == {"added_p99:meshagent-ebpf-xnode/haproxy-tls@http1-side-1000": 1.5}
+    (line,) = [n for n in doc["notes"] if n.startswith("side by side")]
+    assert line == (
+        "side by side at 1000 req/s (1 s turns): direct-xnode p99 0.3 ms; haproxy-tls p99 0.7 ms "
+        "(added 0.4); meshagent-ebpf-xnode p99 0.9 ms (added 0.6): 1.5x haproxy-tls's added p99"
+    )
+
+
 def test_side_by_side_rounds_take_each_peers_medians_and_pair_within_each_round():
-    rows = [_side_row(0.45, 0.2, 0.4), _side_row(0.9, 0.5, 0.6), _side_row(0.5, 0.3, 0.5)]
+    counts = {"sent": 13, "agent_requests": 13, "agent_inbound_requests": 13}
+    rows = [_side_row(0.45, 0.2, 0.4, **counts), _side_row(0.9, 0.5, 0.6, **counts)]
+    rows.append(_side_row(0.5, 0.3, 0.5, **counts))
     combined = report.combine(rows)
     (row,) = combined
+    assert [row[k] for k in counts] == [39, 39, 39]  # summed over the rounds, as requests
     assert row["side"]["direct"]["p99_ms"] == 0.3
     assert row["side"]["haproxy-http"]["p99_ms"] == 0.5
     assert row["side"]["haproxy-http"]["requests"] == 30
