@@ -86,7 +86,17 @@ from typing import TYPE_CHECKING, Any, Final
 import psutil
 
 from agent import config, native
-from agent.bench import calibrate, callgrind, interp, loads, peers, profile, report, setups
+from agent.bench import (
+    calibrate,
+    callgrind,
+    goals,
+    interp,
+    loads,
+    peers,
+    profile,
+    report,
+    setups,
+)
 from agent.bench.topology import per_node, placed
 from agent.errors import AgentError
 
@@ -133,6 +143,7 @@ QUICK_SETUPS = (
     "meshagent-iptables-xnode",
     "meshagent-ebpf-xnode",
 )
+JUDGED_SETUPS = tuple(s for s in QUICK_SETUPS if s.startswith("meshagent-"))  # goals rule 1
 _SATURATION = ("http1-saturate", "h2-saturate")
 EXPLAIN_LOADS: Final = {  # rule 8
     "python-floor": _SATURATION,
@@ -738,6 +749,7 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
     notes += interpreted
     doc_machine = machine(calibration, opts.placement)
     doc = report.document(doc_machine, report.combine(rows), notes, measured=rows)
+    doc["goals"] = goals.judge(doc, JUDGED_SETUPS)
     if opts.variants:
         envs = {v.name: dict(v.env) for v in opts.variants}
         doc["variants"] = report.variants(rows, by_variant, envs)

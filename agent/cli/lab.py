@@ -18,7 +18,7 @@ import contextlib
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent.cli import add_verbs, emit, output_flag
 
@@ -226,7 +226,6 @@ def _bench(args: argparse.Namespace) -> int:
 
     from agent.bench import harness, report  # noqa: PLC0415
     from agent.errors import SettingError  # noqa: PLC0415
-    from agent.render import table  # noqa: PLC0415
 
     out = Path(args.out) if args.out else Path.cwd()
     try:
@@ -253,6 +252,17 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
         return 0
     why_not = report.plot(doc, str(out / "bench.png"))
+    _print_bench(doc)
+    for note in [*doc["notes"], why_not or f"plot: {out / 'bench.png'}", f"json: {out}/bench.json"]:
+        print(f"note: {note}")
+    return 0
+
+
+def _print_bench(doc: dict[str, Any]) -> None:
+    """The bench's table, ratios, memory, goals and variants (not its notes)."""
+    from agent.bench import goals, report  # noqa: PLC0415 - lazy, see module docstring
+    from agent.render import table  # noqa: PLC0415
+
     print(table(report.table_rows(doc)))
     print("\nratios (meshagent / peer):")
     for key, value in doc["ratios"].items():
@@ -263,10 +273,10 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"  {key} = {value}")
     for key, value in doc["memory"].items():
         print(f"  memory {key}: {value}")
+    print("\ngoals (bench/README.md):")
+    for line in goals.lines(doc["goals"]):
+        print(f"  {line}")
     if doc.get("variants"):
         print("\nvariants, variant/base within each round, median over rounds:")
         for line in report.variant_lines(doc["variants"]):
             print(f"  {line}")
-    for note in [*doc["notes"], why_not or f"plot: {out / 'bench.png'}", f"json: {out}/bench.json"]:
-        print(f"note: {note}")
-    return 0

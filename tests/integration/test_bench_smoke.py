@@ -136,6 +136,15 @@ def test_ratios_and_node_memory_are_reported(doc):
     mem = doc["memory"]["meshagent-iptables@1"]
     assert mem["rss_mb"] > 0
     assert mem["linkerd_sidecars_mb"] == [17.0, 26.0]
+    got = {g["goal"]: g for g in doc["goals"]}
+    saturate = got["saturate"]["values"]
+    assert set(saturate) == {
+        f"http1_saturate_rps:{s}/haproxy-http@http1-saturate"
+        for s in ("meshagent-iptables", "meshagent-ebpf", "meshagent-ebpf-accel")
+    }
+    assert got["saturate"]["met"] == all(v >= 1.0 for v in saturate.values())
+    assert got["saturate-xnode"]["met"] is None  # no cross-node setup ran
+    assert got["memory"]["met"] is None  # memory-1 only: the goal is at 100 pods
 
 
 @pytest.mark.timeout(180)
@@ -162,6 +171,32 @@ def test_profile_summarizes_each_meshagent_setups_workers(doc):
         assert text.startswith(f"cProfile of {topology.per_node(1)} worker(s) of {setup}:")
         assert "agent/proxy/" in text  # the data path's own functions are in the top list
     assert not (out / "haproxy-http").exists()  # only meshagent setups have workers
+
+
+@pytest.mark.timeout(90)
+def test_the_table_output_ends_with_the_goals_and_the_json_beside_it(tmp_path):
+    argv = [
+        sys.executable,
+        "-m",
+        "agent",
+        "bench",
+        "--quick",
+        "--setups",
+        "haproxy-http,meshagent-ebpf",
+    ]
+    argv += ["--loads", "http1-saturate", "--duration", "0.5", "--out", str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=80, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    (saturate,) = [g for g in doc["goals"] if g["goal"] == "saturate"]
+    (ratio,) = saturate["values"].values()
+    verdict = "met" if ratio >= 1.0 else "NOT MET"
+    wanted = f"same-node http1-saturate >= 1.0x haproxy-http: {verdict}: "
+    wanted += f"meshagent-ebpf@http1-saturate {ratio}"
+    lines = done.stdout.splitlines()
+    assert "goals (bench/README.md):" in lines
+    assert f"  {wanted}" in lines
+    assert "  tcp-throughput >= 0.9x haproxy-tcp: not measured" in lines
 
 
 @pytest.mark.timeout(150)

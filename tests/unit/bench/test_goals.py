@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from agent.bench import goals, report
+
+JUDGED = ("meshagent-iptables", "meshagent-ebpf", "meshagent-ebpf-accel", "meshagent-ebpf-xnode")
+
+
+def _doc(ratios: dict[str, float], **more) -> dict:
+    return {"ratios": ratios, "ratios_paired": {}, "accel": None, "memory": {}, **more}
+
+
+def _by_name(doc: dict) -> dict[str, dict]:
+    return {g["goal"]: g for g in goals.judge(doc, JUDGED)}
+
+
+def test_every_goal_is_listed_in_order_and_one_nothing_measured_is_not_met_or_missed():
+    got = goals.judge(_doc({}), JUDGED)
+    assert [g["goal"] for g in got] == [
+        "saturate",
+        "saturate-xnode",
+        "added-p99",
+        "tcp-throughput",
+        "sockmap",
+        "cpu",
+        "memory",
+    ]
+    assert all(g["met"] is None and g["values"] == {} for g in got)
+    assert all(line.endswith(": not measured") for line in goals.lines(got))
+
+
+def test_a_ratio_goal_is_met_only_when_every_judged_setup_meets_it_on_its_topology():
+    ratios = {
+        "http1_saturate_rps:meshagent-ebpf/haproxy-http@http1-saturate": 1.2,
+        "http1_saturate_rps:meshagent-iptables/haproxy-http@http1-saturate": 1.0,
+        # across nodes: judged by the cross-node goal against haproxy-tls, not here
+        "http1_saturate_rps:meshagent-ebpf-xnode/haproxy-tls@http1-saturate": 0.95,
+        # an explaining setup (not judged) and an L7 peer: left out
+        "http1_saturate_rps:meshagent-ebpf-h1-xnode/haproxy-tls@http1-saturate": 0.5,
+        "http1_saturate_rps:meshagent-ebpf-xnode/haproxy-tls-h2@http1-saturate": 0.5,
+    }
+    got = _by_name(_doc(ratios))
+    assert got["saturate"]["met"] is True  # 1.0 meets ">= 1.0x"
+    assert set(got["saturate"]["values"]) == {
+        "http1_saturate_rps:meshagent-ebpf/haproxy-http@http1-saturate",
+        "http1_saturate_rps:meshagent-iptables/haproxy-http@http1-saturate",
+    }
+    assert got["saturate-xnode"]["met"] is False
+    assert got["saturate-xnode"]["values"] == {
+        "http1_saturate_rps:meshagent-ebpf-xnode/haproxy-tls@http1-saturate": 0.95
+    }
+    assert got["saturate"]["source"] == "run"
+
+
+def test_added_p99_prefers_side_by_side_falls_back_to_the_rate_load_and_leaves_sockmap_out():
+    ratios = {
+        "added_p99:meshagent-ebpf/haproxy-http@http1-side-1000": 1.1,
+        "added_p99:meshagent-ebpf/haproxy-http@http1-rate-1000": 3.0,  # side-by-side wins
+        "added_p99:meshagent-ebpf/haproxy-http@http1-rate-2000": 1.3,  # no side load at 2,000
+        "added_p99:meshagent-ebpf-accel/haproxy-http@http1-rate-1000": 9.0,  # own goal
+    }
+    got = _by_name(_doc(ratios))["added-p99"]
+    assert got["values"] == {
+        "added_p99:meshagent-ebpf/haproxy-http@http1-side-1000": 1.1,
+        "added_p99:meshagent-ebpf/haproxy-http@http1-rate-2000": 1.3,
+    }
+    assert got["met"] is False  # 1.3 > 1.2
+    (line,) = [x for x in goals.lines([got]) if x]
+    assert line == (
+        "added p99 at 1,000 and 2,000 requests/s <= 1.2x haproxy-http's: NOT MET: "
+        "meshagent-ebpf@http1-side-1000 1.1, meshagent-ebpf@http1-rate-2000 1.3"
+    )
+
+
+def test_with_rounds_the_ratio_goals_take_the_medians_within_rounds():
+    name = "added_p99:meshagent-ebpf/haproxy-http@http1-side-1000"
+    doc = _doc({name: 1.5}, ratios_paired={name: 1.1})
+    got = _by_name(doc)["added-p99"]
+    assert got["values"] == {name: 1.1}
+    assert (got["met"], got["source"]) == (True, "paired")
+    assert "(medians within rounds)" in goals.lines([got])[0]
+
+
+def test_cpu_is_judged_against_haproxy_http_on_one_node_and_haproxy_tls_across():
+    ratios = {
+        "cpu_s_per_request:meshagent-ebpf/haproxy-http@http1-rate-1000": 1.4,
+        "cpu_s_per_request:meshagent-ebpf/haproxy-http@http1-saturate": 0.7,
+        "cpu_s_per_request:meshagent-ebpf-xnode/haproxy-tls@http1-rate-1000": 2.1,
+    }
+    got = _by_name(_doc(ratios))["cpu"]
+    assert len(got["values"]) == 3
+    assert got["met"] is False
+
+
+def test_sockmap_needs_its_latency_and_sane_bulk_and_memory_is_judged_at_100_pods():
+    accel = {"p50_mean": 0.8, "p99_mean": 0.84, "latency_goal_met": True, "bulk": {"sane": False}}
+    memory = {
+        "meshagent-ebpf@100": {"rss_mb": 149.0},
+        "meshagent-ebpf@10": {"rss_mb": 400.0},  # only 100 pods is the goal
+        "meshagent-iptables@100": {"rss_mb": 151.0},
+    }
+    got = _by_name(_doc({}, accel=accel, memory=memory))
+    assert got["sockmap"]["met"] is False  # a bulk transfer failed
+    assert got["sockmap"]["values"] == {"p50": 0.8, "p99": 0.84, "bulk_sane": False}
+    accel["bulk"] = None  # bulk not run: latency alone
+    assert _by_name(_doc({}, accel=accel))["sockmap"]["met"] is True
+    assert got["memory"]["values"] == {"meshagent-iptables@100": 151.0, "meshagent-ebpf@100": 149.0}
+    assert got["memory"]["met"] is False
+    assert got["memory"]["limit"] == report.NODE_MEMORY_GOAL_MB
