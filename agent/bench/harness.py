@@ -62,9 +62,10 @@ Rules:
    (agent.bench.report rule 10), and what the node agents counted meanwhile
    (`agent_requests` outbound, `agent_inbound_requests`), which equals what was
    sent on the mesh's path (`sent`) when the peers bypassed the mesh, and the
-   servers' ports they proxied to (`agent_target_ports`: `HTTP_PORT` only, not
-   the peers' ports, whose TLS a count of requests would not show). Its CPU is
-   not counted: the node agents idle through the peers' slices.
+   servers' ports they proxied to (`agent_target_ports`: `HTTP_PORT`, and
+   `IPERF_PORT` from the setup's readiness check, never a peer's port, whose
+   TLS a count of requests would not show). Its CPU is not counted: the node
+   agents idle through the peers' slices.
 """
 
 from __future__ import annotations

@@ -106,3 +106,18 @@ def test_sockmap_needs_its_latency_and_sane_bulk_and_memory_is_judged_at_100_pod
     assert got["memory"]["values"] == {"meshagent-iptables@100": 151.0, "meshagent-ebpf@100": 149.0}
     assert got["memory"]["met"] is False
     assert got["memory"]["limit"] == report.NODE_MEMORY_GOAL_MB
+
+
+def test_with_rounds_sockmap_latency_is_the_mean_of_its_ratios_within_rounds():
+    accel = {"p50_mean": 0.95, "p99_mean": 0.95, "latency_goal_met": False, "bulk": {"sane": True}}
+    pair = "meshagent-ebpf-accel/meshagent-ebpf"
+    paired = {
+        f"accel_p50:{pair}@http1-rr": 0.8,
+        f"accel_p50:{pair}@http1-rate-1000": 0.84,
+        f"accel_p99:{pair}@http1-rr": 0.86,
+        f"accel_p99:{pair}@http1-rate-1000": 0.8,
+        f"accel_gbps:{pair}@tcp-throughput": 1.0,  # bulk, not latency
+    }
+    got = _by_name(_doc({}, accel=accel, ratios_paired=paired))["sockmap"]
+    assert got["values"] == {"p50": 0.82, "p99": 0.83, "bulk_sane": True}
+    assert (got["met"], got["source"]) == (True, "paired")
