@@ -179,7 +179,7 @@ def _sockmap_goal(
         p50, p99 = (_accel_mean(paired, metric) for metric in ("accel_p50", "accel_p99"))
         entry["source"] = "paired"
     entry["values"] = {"p50": p50, "p99": p99}
-    latency = None if p50 is None or p99 is None else max(p50, p99) <= report.ACCEL_LATENCY_GOAL
+    latency = report.accel_latency_met(p50, p99)
     bulk = accel.get("bulk")
     if bulk is not None:
         entry["values"]["bulk_sane"] = bulk["sane"]
@@ -191,8 +191,7 @@ def _sockmap_goal(
 def _accel_mean(ratios: Mapping[str, float], metric: str) -> float | None:
     """The mean of sockmap's `metric` ratios over its loads (agent.bench.report rule 4)."""
     prefix = f"{metric}:{report.ACCEL_SETUP}/{report.ACCEL_PEER}@"
-    values = [v for k, v in ratios.items() if k.startswith(prefix)]
-    return round(sum(values) / len(values), 3) if values else None
+    return report.mean([v for k, v in ratios.items() if k.startswith(prefix)])
 
 
 def _memory_goal(memory: Mapping[str, Any], judged: Sequence[str]) -> dict[str, Any]:

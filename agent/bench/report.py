@@ -256,8 +256,13 @@ def _small_rr_load(load: str) -> bool:
     return load == "http1-rr" or load.startswith("http1-rate-")
 
 
-def _mean(values: list[float]) -> float | None:
+def mean(values: list[float]) -> float | None:
     return round(sum(values) / len(values), 3) if values else None
+
+
+def accel_latency_met(p50: float | None, p99: float | None) -> bool | None:
+    """Rule 4's latency verdict on the mean p50 and p99 ratios; None when one is missing."""
+    return None if p50 is None or p99 is None else max(p50, p99) <= ACCEL_LATENCY_GOAL
 
 
 def accel_summary(rows: Sequence[Row]) -> dict[str, Any] | None:
@@ -273,16 +278,14 @@ def accel_summary(rows: Sequence[Row]) -> dict[str, Any] | None:
         }
         if any(v is not None for v in pair.values()):
             latency[load] = {"p50": pair["p50_ms"], "p99": pair["p99_ms"]}
-    p50 = _mean([v["p50"] for v in latency.values() if v["p50"] is not None])
-    p99 = _mean([v["p99"] for v in latency.values() if v["p99"] is not None])
+    p50 = mean([v["p50"] for v in latency.values() if v["p50"] is not None])
+    p99 = mean([v["p99"] for v in latency.values() if v["p99"] is not None])
     return {
         "latency": latency,
         "p50_mean": p50,
         "p99_mean": p99,
         "latency_goal": ACCEL_LATENCY_GOAL,
-        "latency_goal_met": (
-            None if p50 is None or p99 is None else max(p50, p99) <= ACCEL_LATENCY_GOAL
-        ),
+        "latency_goal_met": accel_latency_met(p50, p99),
         "bulk": _accel_bulk(rows),
     }
 
