@@ -12,7 +12,11 @@
  *    connection from the pod's IP to itself (the proxy forwarding to the
  *    app at the pod IP, agent/proxy/inbound.py app_addr): both go over lo.
  *    A passive end drops a stale MA_ACCEL_OFF a closed connection with the
- *    same addresses left in ma_accel_state.
+ *    same addresses left in ma_accel_state. An active end whose port is in
+ *    the pod's skip_accel is not recorded (nor so its peer): the app's
+ *    original destination port for app -> 127.0.0.1:4140 (from ma_orig_dst,
+ *    filed at TCP_CONNECT_CB, before the handshake ends), the port dialled for
+ *    the proxy's connection to the app.
  * 3. A recorded end asks for state callbacks; at TCP_CLOSE its entries in
  *    ma_accel_state and ma_accel_sent go.
  */
@@ -48,6 +52,28 @@ static __always_inline int ma_accel_local_pair(__u32 local_be, __u32 remote_be)
     return local_be == remote_be;
 }
 
+/* Rule 2: whether an active end's connection is on one of the pod's skip_accel
+ * ports. A connection to the outbound listener is judged by where the app was
+ * going; one to the listener without an entry (the app dialled 127.0.0.1:4140
+ * itself) by the listener's port. */
+static __always_inline int ma_accel_skipped(const struct ma_pod_config *cfg,
+                                            const struct ma_sock_key *key)
+{
+    if (cfg->n_skip_accel == 0)
+        return 0;
+    __u16 port = (__u16)key->remote_port;
+    if (key->remote_port == cfg->outbound_port) {
+        struct ma_conn_key ck = {};
+        ck.netns = key->netns;
+        ck.ip = key->local_ip;
+        ck.port = key->local_port;
+        struct ma_orig_dst *dst = ma_orig_dst.lookup(&ck);
+        if (dst)
+            port = bpf_ntohs(dst->port_be);
+    }
+    return ma_port_in(cfg->skip_accel, cfg->n_skip_accel, port);
+}
+
 MA_DEFINE_IP4_OF(ma_sockops_ip4, struct bpf_sock_ops)
 MA_DEFINE_SOCK_KEY_OF(ma_sockops_key, ma_sockops_ip4, struct bpf_sock_ops)
 
@@ -68,6 +94,8 @@ static __always_inline void ma_accel_record(struct bpf_sock_ops *skops, int acti
         if (sk)
             mark = sk->mark;
         if (key.remote_port != cfg->outbound_port && mark != cfg->mark)
+            return;
+        if (ma_accel_skipped(cfg, &key))
             return;
         __u32 state = MA_ACCEL_ACTIVE;
         ma_accel_state.update(&key, &state);

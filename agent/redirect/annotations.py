@@ -35,6 +35,9 @@ SKIP_INBOUND_PORTS = PREFIX + "skip-inbound-ports"
 SKIP_OUTBOUND_PORTS = PREFIX + "skip-outbound-ports"
 SKIP_SUBNETS = PREFIX + "skip-subnets"
 OPAQUE_PORTS = PREFIX + "opaque-ports"
+# meshagent's own: ports whose connections eBPF same-node acceleration leaves on the
+# TCP path (e.g. bulk streams, bpf/sockops.c rule 2); Linkerd has no such setting
+SKIP_ACCEL_PORTS = "config.meshagent.io/skip-accel-ports"
 
 # Linkerd's cluster-wide default for opaque ports (protocols that speak first
 # or are not HTTP: SMTP, MySQL, Galera, PostgreSQL, Redis, ES, memcached).
@@ -51,6 +54,7 @@ class CaptureAnnotations:
     skip_outbound_ports: PortSet = field(default_factory=PortSet)
     skip_subnets: tuple[Subnet, ...] = ()
     opaque_ports: PortSet = field(default_factory=PortSet)
+    skip_accel_ports: PortSet = field(default_factory=PortSet)
 
 
 def parse_port_range(item: str) -> PortRange:
@@ -173,6 +177,7 @@ def parse_annotations(
         skip_outbound_ports=parse(SKIP_OUTBOUND_PORTS),
         skip_subnets=subnets,
         opaque_ports=parse(OPAQUE_PORTS, DEFAULT_OPAQUE_PORTS, named_ports or {}),
+        skip_accel_ports=parse(SKIP_ACCEL_PORTS),
     )
 
 
@@ -201,4 +206,5 @@ def build_spec(  # noqa: PLR0913 - a spec has this many independent facts
         skip_outbound_ports=ann.skip_outbound_ports,
         skip_subnets=ann.skip_subnets,
         opaque_ports=ann.opaque_ports,
+        skip_accel_ports=ann.skip_accel_ports,
     )

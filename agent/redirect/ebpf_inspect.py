@@ -209,6 +209,8 @@ def _skipped(spec: CaptureSpec) -> str:
         out.append(f"out:{spec.skip_outbound_ports}")
     if spec.skip_subnets:
         out.append("subnets:" + ",".join(str(s) for s in spec.skip_subnets))
+    if spec.skip_accel_ports:
+        out.append(f"accel:{spec.skip_accel_ports}")
     return " ".join(out)
 
 

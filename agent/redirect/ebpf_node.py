@@ -19,6 +19,11 @@ Rules:
 3. Links are pinned in bpffs, so they outlive the process; `uninstall` detaches
    every link explicitly (every pod's too) and removes every pin and directory.
 4. `close` releases this process's handles only; pins stay.
+5. `install` first checks the maps already pinned against this version's struct
+   sizes (`maps.abi_mismatches`; bpf/include/meshagent.h's MA_ABI changes them):
+   bcc would reuse a pinned map of another size, and the verifier refuse the
+   program with "Permission denied". A mismatch is a `PrerequisiteError` that
+   names the maps and the way out.
 """
 
 from __future__ import annotations
@@ -224,6 +229,7 @@ class EbpfNode:
             ensure_bpffs()
         for sub in ("maps", "progs", "node", "pods"):
             (self.pin_root / sub).mkdir(parents=True, exist_ok=True)
+        self._check_pinned_maps()
         for name in ("connect4", "getsockopt", "sockops"):
             self._load(name)
         self._load("connect6", optional=True)
@@ -247,6 +253,30 @@ class EbpfNode:
         else:
             maps.remove_link(node / "sockops")
             self._detach_sk_msg()
+
+    def _check_pinned_maps(self) -> None:
+        """Rule 5: maps another version pinned with other struct sizes are refused here,
+        with what to do, rather than by the verifier, which would answer "Permission
+        denied" when a program reads past a smaller value.
+
+        Raises:
+            PrerequisiteError: a pinned map's key or value size differs from this version's.
+        """
+        sizes = {}
+        for pin in sorted(self.maps_dir.iterdir()) if self.maps_dir.is_dir() else ():
+            with maps.pinned(pin) as fd:
+                if fd is not None:
+                    spec = ebpf_cache.map_spec_of(fd)
+                    sizes[pin.name] = (spec.key_size, spec.value_size)
+        wrong = maps.abi_mismatches(sizes)
+        if wrong:
+            raise PrerequisiteError(
+                f"the eBPF maps pinned under {self.maps_dir} are another meshagent version's "
+                f"({'; '.join(wrong)})",
+                f"stop the agent that pinned them with cleanup, or remove {self.pin_root} "
+                "(its pods are captured again when enrolled), or give this agent another "
+                "MESHAGENT_BPF_PIN_ROOT",
+            )
 
     def _detach_sk_msg(self) -> None:
         with (

@@ -26,6 +26,8 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from agent.redirect.model import CaptureSpec, PortSet
 
 MAX_PORT_RANGES = 16
@@ -88,6 +90,9 @@ class PodConfigC(ctypes.Structure):
         ("skip_out", PortRangeC * MAX_PORT_RANGES),
         ("skip_in", PortRangeC * MAX_PORT_RANGES),
         ("subnets", Subnet4C * MAX_SUBNETS),
+        ("n_skip_accel", ctypes.c_uint16),
+        ("_pad", ctypes.c_uint16),
+        ("skip_accel", PortRangeC * MAX_PORT_RANGES),
     )
 
 
@@ -122,6 +127,19 @@ MAP_TYPES: dict[str, tuple[Any, Any]] = {
     ACCEL_BURST: (SockKeyC, ctypes.c_uint32),
     ACCEL_STATS: (ctypes.c_uint32, ctypes.c_uint64),
 }
+
+
+def abi_mismatches(sizes: Mapping[str, tuple[int, int]]) -> list[str]:
+    """Of pinned maps' (key size, value size) by name, those these mirrors (and so this
+    version's programs) do not fit, one line each; names it does not know are not judged."""
+    out = []
+    for name, (key, value) in sorted(sizes.items()):
+        if name not in MAP_TYPES:
+            continue
+        want = tuple(ctypes.sizeof(t) for t in MAP_TYPES[name])
+        if (key, value) != want:
+            out.append(f"{name}: key/value {key}/{value} bytes, this version's {want[0]}/{want[1]}")
+    return out
 
 
 # --- pure conversions ------------------------------------------------------------------
@@ -172,6 +190,7 @@ def pod_config(
     for field, ports, extra, what in (
         ("skip_out", spec.skip_outbound_ports, (), "skip-outbound-ports"),
         ("skip_in", spec.skip_inbound_ports, spec.proxy_ports, "skip-inbound-ports"),
+        ("skip_accel", spec.skip_accel_ports, (), "skip-accel-ports"),
     ):
         ranges = _ranges(ports, extra, what)
         setattr(cfg, "n_" + field, len(ranges))

@@ -79,6 +79,7 @@ class CaptureSpec:
     skip_outbound_ports: PortSet = field(default_factory=PortSet)
     skip_subnets: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     opaque_ports: PortSet = field(default_factory=PortSet)
+    skip_accel_ports: PortSet = field(default_factory=PortSet)  # eBPF same-node acceleration
     mark: int = PROXY_MARK
 
 

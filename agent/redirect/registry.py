@@ -74,6 +74,7 @@ def spec_to_json(spec: CaptureSpec) -> dict[str, Any]:
         "skip_outbound_ports": _ports(spec.skip_outbound_ports),
         "skip_subnets": [str(s) for s in spec.skip_subnets],
         "opaque_ports": _ports(spec.opaque_ports),
+        "skip_accel_ports": _ports(spec.skip_accel_ports),
         "mark": spec.mark,
     }
 
@@ -96,6 +97,7 @@ def spec_from_json(d: dict[str, Any]) -> CaptureSpec:
         skip_outbound_ports=_parse_ports(d.get("skip_outbound_ports", "")),
         skip_subnets=tuple(ipaddress.ip_network(s) for s in d.get("skip_subnets", [])),
         opaque_ports=_parse_ports(d.get("opaque_ports", "")),
+        skip_accel_ports=_parse_ports(d.get("skip_accel_ports", "")),
         mark=int(d["mark"]),
     )
 

@@ -16,7 +16,7 @@
 #include <uapi/linux/bpf.h>
 #include <linux/in.h>
 
-#define MA_ABI 1
+#define MA_ABI 2
 #define MA_MAX_PORT_RANGES 16
 #define MA_MAX_SUBNETS 16
 #define MA_MAX_PODS 4096
@@ -60,6 +60,11 @@ struct ma_pod_config {
     struct ma_port_range skip_out[MA_MAX_PORT_RANGES];
     struct ma_port_range skip_in[MA_MAX_PORT_RANGES]; /* proxy ports included */
     struct ma_subnet4 subnets[MA_MAX_SUBNETS];
+    __u16 n_skip_accel;
+    __u16 _pad;
+    /* with MA_F_ACCEL: connections to these ports (the app's original destination
+     * port, or the app port the proxy dials) stay on the TCP path */
+    struct ma_port_range skip_accel[MA_MAX_PORT_RANGES];
 };
 
 /* Where a redirected connection was going. */

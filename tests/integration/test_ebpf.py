@@ -12,6 +12,7 @@ that no program, map, link or pin is left.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import os
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.errors import PrerequisiteError
 from agent.netlab import lab
 from agent.redirect import accel_sweep, ebpf_cache, ebpf_origdst, maps, netns
 from agent.redirect.ebpf import EbpfRedirector
@@ -330,6 +332,26 @@ def _map_ids(pin_root: Path) -> dict[str, int]:
     return out
 
 
+def test_maps_another_version_pinned_with_other_sizes_are_refused_before_any_program_loads():
+    """An upgrade onto pins whose pod config is smaller (ABI 1's 280 bytes) is a clear
+    error naming the map, not the verifier's "Permission denied"."""
+    root = Path(f"/sys/fs/bpf/meshagent-test-abi-{os.getpid()}")
+    (root / "maps").mkdir(parents=True)
+    old = ebpf_cache.MapSpec(type=1, key_size=8, value_size=280, max_entries=16, flags=0)
+    os.close(ebpf_cache._create_map(root / "maps" / maps.CFG_BY_NETNS, old))
+    r = EbpfRedirector(pin_root=root, accelerate=False)
+    try:
+        with pytest.raises(PrerequisiteError, match="another meshagent version") as info:
+            r.install()
+        assert "ma_cfg_netns: key/value 8/280 bytes" in str(info.value)
+        assert "MESHAGENT_BPF_PIN_ROOT" in info.value.hint
+        assert not (root / "progs").exists() or not any((root / "progs").iterdir())
+    finally:
+        r.close()
+        r.uninstall()
+    assert not root.exists()
+
+
 # --- opt-in same-node acceleration ---------------------------------------------------------
 
 
@@ -576,6 +598,57 @@ def test_accelerated_proxy_to_app_on_the_pod_ip_and_a_dual_stack_listener(pods, 
     delta = _stats_delta(before, accelerated)
     assert delta["off_no_peer"] == 0
     assert delta["redirected_bytes"] >= 24
+
+
+SKIP_ACCEL = 8090
+
+
+@pytest.fixture
+def accelerated_skipping(redirector, spec):
+    """Acceleration on, with `SKIP_ACCEL` in the pod's skip-accel-ports."""
+    r = redirector["r"]
+    skipping = dataclasses.replace(
+        spec, skip_accel_ports=PortSet((PortRange(SKIP_ACCEL, SKIP_ACCEL),))
+    )
+    r.accelerate = True
+    r.enroll(skipping)
+    yield r, skipping
+    r.accelerate = False
+    r.enroll(spec)
+
+
+def _exchange(app, spec, host: str, port: int, *, mark: int = 0, at=None) -> None:  # noqa: PLR0913
+    """Three pings and pongs from `app` to host:port, answered by a listener at `at`
+    (default: the outbound listener the connection is redirected to)."""
+    listen_host, listen_port = at or ("127.0.0.1", spec.outbound_port)
+    listener = _peer(app, "listen", listen_host, listen_port, send=0, recv=0, chunk=1)
+    client = _peer(app, "connect", host, port, mark=mark, send=0, recv=0, chunk=1)
+    assert _result(client) == (_pattern_digest(1, 0), 0)
+    _result(listener)
+
+
+def test_skip_accel_ports_keep_those_connections_on_tcp_and_accelerate_the_rest(
+    pods, accelerated_skipping
+):
+    """The app's connection to a skipped destination port, redirected to the outbound
+    listener, and the proxy's marked connection to the app on a skipped port both stay on
+    TCP; the same exchanges on another port are redirected (the control)."""
+    _, app, srv, _ = pods
+    r, spec = accelerated_skipping
+    assert f"accel:{SKIP_ACCEL}" in r.inspect(spec).skipped_ports
+    for host, mark, at in (
+        (srv.ip, 0, None),  # app -> 127.0.0.1:4140, judged by the original destination
+        (app.ip, spec.mark, ("::", None)),  # proxy -> app on the pod IP
+    ):
+        counted = {}
+        for port in (SKIP_ACCEL, SKIP_ACCEL + 1):
+            before = maps.accel_stats(r.maps_dir)
+            listen_at = (at[0], port) if at else None
+            _exchange(app, spec, host, port, mark=mark, at=listen_at)
+            counted[port] = _stats_delta(before, r)
+        assert counted[SKIP_ACCEL]["redirected_msgs"] == 0, (host, counted)
+        assert counted[SKIP_ACCEL]["passed_msgs"] == 0, (host, counted)  # no sk_msg at all
+        assert counted[SKIP_ACCEL + 1]["redirected_msgs"] == 6, (host, counted)
 
 
 def _settled_sweeper(r, queues=None) -> accel_sweep.Sweeper:

@@ -127,6 +127,8 @@ def test_opaque_ports_default_to_linkerds_list():
         (ann.SKIP_SUBNETS, "10.0.0.0/8,nope/1"),
         (ann.OPAQUE_PORTS, "unknown-name"),
         (ann.OPAQUE_PORTS, "3306-1"),
+        (ann.SKIP_ACCEL_PORTS, "5201-5200"),
+        (ann.SKIP_ACCEL_PORTS, "iperf"),
     ],
 )
 def test_malformed_annotation_is_an_annotation_error_naming_pod_and_key(name, value):
@@ -158,9 +160,11 @@ def test_build_spec_carries_every_field():
             ann.SKIP_OUTBOUND_PORTS: "3306",
             ann.SKIP_SUBNETS: "10.96.0.0/12",
             ann.OPAQUE_PORTS: "4222",
+            ann.SKIP_ACCEL_PORTS: "5201, 9000-9010",
         },
         cgroup=Path("/sys/fs/cgroup/unified/x"),
     )
+    assert spec.skip_accel_ports == ps((5201, 5201), (9000, 9010))
     assert spec.skip_inbound_ports == ps((22, 22))
     assert spec.skip_outbound_ports == ps((3306, 3306))
     assert spec.skip_subnets == (ipaddress.ip_network("10.96.0.0/12"),)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.redirect import maps_abi
+from agent.redirect import ebpf_node, maps_abi
 from agent.redirect.ebpf import BPF_SRC
 from agent.redirect.model import CaptureSpec, PortRange, PortSet
 
@@ -54,6 +54,30 @@ def test_pod_config_refuses_more_port_ranges_than_the_programs_check():
     many = PortSet(tuple(PortRange(p, p) for p in range(1000, 1000 + maps_abi.MAX_PORT_RANGES + 1)))
     with pytest.raises(ValueError, match="skip-outbound-ports"):
         maps_abi.pod_config(_spec(skip_outbound_ports=many))
+    with pytest.raises(ValueError, match="skip-accel-ports"):
+        maps_abi.pod_config(_spec(skip_accel_ports=many), accel=True)
+
+
+def test_pod_config_carries_the_ports_acceleration_skips():
+    skip = PortSet((PortRange(5201, 5201), PortRange(9000, 9010)))
+    cfg = maps_abi.pod_config(_spec(skip_accel_ports=skip), accel=True)
+    got = [(cfg.skip_accel[i].first, cfg.skip_accel[i].last) for i in range(cfg.n_skip_accel)]
+    assert got == [(5201, 5201), (9000, 9010)]
+    assert cfg.flags & maps_abi.F_ACCEL
+    assert maps_abi.pod_config(_spec()).n_skip_accel == 0
+
+
+def test_abi_mismatches_name_each_pinned_map_of_other_sizes_and_ignore_unknown_ones():
+    right = {
+        name: (ctypes.sizeof(key), ctypes.sizeof(leaf))
+        for name, (key, leaf) in maps_abi.MAP_TYPES.items()
+    }
+    assert maps_abi.abi_mismatches({**right, "someone_elses": (1, 2)}) == []
+    old = {**right, maps_abi.CFG_BY_NETNS: (8, 280)}
+    want = ctypes.sizeof(maps_abi.PodConfigC)
+    assert maps_abi.abi_mismatches(old) == [
+        f"ma_cfg_netns: key/value 8/280 bytes, this version's 8/{want}"
+    ]
 
 
 def test_orig_dst_addr_decodes_network_order_port():
@@ -69,6 +93,8 @@ def compiled(tmp_path_factory):
     """Every map's (key size, leaf size) as bcc declares them, from real compiles."""
     bcc = pytest.importorskip("bcc")
     pins = Path("/sys/fs/bpf") / f"meshagent-sizes-{os.getpid()}"
+    if os.geteuid() == 0:  # a fresh machine mounts it only when an agent or test first does
+        ebpf_node.ensure_bpffs()
     if not Path("/sys/fs/bpf").is_dir() or not os.access("/sys/fs/bpf", os.W_OK):
         # CI (CI=true) has what scripts/setup installs: missing there is a failure, not a skip.
         (pytest.fail if os.environ.get("CI") == "true" else pytest.skip)(
