@@ -14,7 +14,8 @@ Rules:
 2. With rounds (`--repeat`) a ratio goal's number is the median of the ratios within
    each round (`ratios_paired`, agent.bench.report rule 7, `source` "paired"), else
    the run's ratio (`ratios`, "run"). Sockmap's latency is the mean over its loads
-   of those (`accel_p50` / `accel_p99`, agent.bench.report rule 4); its bulk verdict
+   of those (`accel_p50` / `accel_p99`, agent.bench.report rule 4: over the
+   side-by-side loads where they ran, as `accel_summary` judges); its bulk verdict
    and memory are the run's (medians over its rounds). One round of a latency ratio
    moves with the machine's minute (bench/RESULTS.md, forty-third pass), so judge
    those over rounds.
@@ -189,9 +190,12 @@ def _sockmap_goal(
 
 
 def _accel_mean(ratios: Mapping[str, float], metric: str) -> float | None:
-    """The mean of sockmap's `metric` ratios over its loads (agent.bench.report rule 4)."""
+    """The mean of sockmap's `metric` ratios over the loads its goal is judged on
+    (agent.bench.report rule 4: the side-by-side ones where they ran)."""
     prefix = f"{metric}:{report.ACCEL_SETUP}/{report.ACCEL_PEER}@"
-    return report.mean([v for k, v in ratios.items() if k.startswith(prefix)])
+    by_load = {k.removeprefix(prefix): v for k, v in ratios.items() if k.startswith(prefix)}
+    judged, _ = report.accel_judged(list(by_load))
+    return report.mean([by_load[load] for load in judged])
 
 
 def _memory_goal(memory: Mapping[str, Any], judged: Sequence[str]) -> dict[str, Any]:

@@ -51,19 +51,22 @@ Rules:
    interpreted; read at each setup, the check went quiet exactly then (thirty-sixth
    pass). The switch is read at each setup: `--profile` turns the build off for
    the agents it profiles (agent.bench.profile rule 4).
-10. Side by side (`http1-side-N`, meshagent setups without sockmap): while the
+10. Side by side (`http1-side-N`, meshagent setups): while the
    setup's node agents run, its baseline and its HAProxy peer (`direct` and
    `haproxy-http` on one node, `direct-xnode` and `haproxy-tls` across nodes)
    are started to the server's `SIDE_PORT`, which the mesh skips
-   (`peers.side_peers`, agent.bench.topology rule 6), and one load generator
+   (`peers.side_peers`, agent.bench.topology rule 6); sockmap's peers are `direct`
+   and its own node agent's plain path (`meshagent-ebpf`, to `PLAIN_PORT`, which
+   acceleration skips: `peers.accel_side_peers`, topology rule 7). One load generator
    sends N requests/s to the three in turn, 1 s each, a shuffled order per
    cycle (agent.bench.loadgen rule 5), each for the load's duration. The row is
    the setup's, with `side`: the peers' numbers from the same slices
    (agent.bench.report rule 10), and what the node agents counted meanwhile
    (`agent_requests` outbound, `agent_inbound_requests`), which equals what was
-   sent on the mesh's path (`sent`) when the peers bypassed the mesh, and the
-   servers' ports they proxied to (`agent_target_ports`: `HTTP_PORT`, and
-   `IPERF_PORT` from the setup's readiness check, never a peer's port, whose
+   sent on the mesh's paths (`sent`: the setup's, and sockmap's plain path) when the
+   other peers bypassed the mesh, and the
+   servers' ports they proxied to (`agent_target_ports`: `HTTP_PORT`, sockmap's
+   `PLAIN_PORT`, and `IPERF_PORT` from the setup's readiness check, never a peer's port, whose
    TLS a count of requests would not show). Its CPU is not counted: the node
    agents idle through the peers' slices.
 """
@@ -102,7 +105,7 @@ from agent.bench.topology import per_node, placed
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from agent.bench.setups import Target, Topology
 
@@ -403,13 +406,25 @@ def _applicable(target: Target, load: str) -> str | None:
     if load == "h2-saturate" and not target.h2:
         return "HTTP/1.1 only"
     if load.startswith(SIDE_PREFIX) and not side_by_side(target.setup):
-        return "side by side: meshagent setups without sockmap only (rule 10)"
+        return "side by side: meshagent setups only (rule 10)"
     return None
 
 
 def side_by_side(setup: str) -> bool:
     """Whether `setup` runs the `http1-side-N` loads (rule 10)."""
-    return setup.startswith("meshagent-") and setup != report.ACCEL_SETUP
+    return setup.startswith("meshagent-")
+
+
+@contextlib.contextmanager
+def _side_peers(topo: Topology, target: Target) -> Iterator[list[Target]]:
+    """Rule 10's peers for `target`: sockmap's beside its own plain path, the rest
+    beside HAProxy."""
+    if target.setup == report.ACCEL_SETUP:
+        with peers.accel_side_peers(topo, target, report.ACCEL_PEER) as others:
+            yield others
+        return
+    with peers.side_peers(topo, cross=report.cross_node(target.setup)) as others:
+        yield others
 
 
 def _side_load(
@@ -419,18 +434,20 @@ def _side_load(
     requests its node agents counted (`agent_requests`) and the load sent it (`sent`,
     with the warm-up's)."""
     rate = int(load.removeprefix(SIDE_PREFIX))
-    with peers.side_peers(topo, cross=report.cross_node(target.setup)) as others:
+    with _side_peers(topo, target) as others:
         before = _agents_counted(target)
         got = loads.http1_side([*others, target], rate, opts.duration_s, opts.warmup_s)
         after = _agents_counted(target)
     mine = got[target.setup]
     side = {peer.setup: _rates(got[peer.setup]) for peer in others}
-    # the node agents count their own path's requests only: the peers' bypass them
+    # the node agents count the mesh's paths' requests only: the setup's own and
+    # sockmap's plain path; the other peers bypass them
+    meshed = [got[p.setup] for p in [*others, target] if p.setup.startswith("meshagent-")]
     return mine, {
         "side": side,
         "agent_requests": after[0] - before[0],
         "agent_inbound_requests": after[1] - before[1],
-        "sent": mine.requests + mine.warmup_requests,
+        "sent": sum(m.requests + m.warmup_requests for m in meshed),
         # the servers' ports the node agents proxied to: SIDE_PORT (or HAProxy's TLS
         # listener) among them would say the mesh captured a peer
         "agent_target_ports": sorted(set().union(*(a.target_ports() for a in target.agents))),

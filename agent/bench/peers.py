@@ -32,6 +32,7 @@ Rules:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from agent.bench import haproxy
 from agent.bench.topology import (
     HTTP_PORT,
     IPERF_PORT,
+    PLAIN_PORT,
     PROXY_HTTP_PORT,
     PROXY_IPERF_PORT,
     SIDE_PORT,
@@ -220,6 +222,20 @@ def side_peers(topo: Topology, *, cross: bool) -> Iterator[list[Target]]:
         return
     with haproxy_one_hop("http", SIDE_PORT)(topo) as proxy:
         yield [_direct("direct", topo, topo.srv.ip, SIDE_PORT), proxy]
+
+
+@contextlib.contextmanager
+def accel_side_peers(
+    topo: Topology, accelerated: Target, plain_setup: str
+) -> Iterator[list[Target]]:
+    """The peers sockmap's setup is measured beside (agent.bench.harness rule 10): `direct`
+    to the server's `SIDE_PORT`, and its own node agent's plain path, named `plain_setup`:
+    `accelerated`'s client and server on `PLAIN_PORT`, which the mesh meshes and
+    acceleration skips (topology rule 7)."""
+    plain = dataclasses.replace(
+        accelerated, setup=plain_setup, http_port=PLAIN_PORT, roots=[], agents=[], accel_maps=None
+    )
+    yield [_direct("direct", topo, topo.srv.ip, SIDE_PORT), plain]
 
 
 def _floor(  # noqa: PLR0913 - where it runs, listens, forwards, its TLS, workers and log

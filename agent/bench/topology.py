@@ -2,7 +2,8 @@
 
 One `agent.netlab.Lab`: two isolated nodes `a` and `b`, linked; pods `cli` and
 `srv` on `a`, `srv2` on `b`. `srv` and `srv2` run the bench server
-(`agent.bench.server`, :8080, and :8081 outside the mesh: `SIDE_PORT`) and
+(`agent.bench.server`, :8080, :8081 outside the mesh: `SIDE_PORT`, and :8082 meshed
+but never accelerated: `PLAIN_PORT`) and
 `iperf3 -s` (:5201). Bench pods are lab pods
 named `pod<UID>` (`agent.bench.mesh.make_pod`) so node agents discover them.
 Also here: `Target`, what every setup (`agent.bench.setups`) yields, and
@@ -38,6 +39,9 @@ Rules:
    `TLS_HTTP_PORT`, `srv` skips inbound `SIDE_PORT`, `srv2` inbound `SIDE_PORT`
    and `TLS_HTTP_PORT` (haproxy-tls's hop), so a node agent meshes `HTTP_PORT`
    only while the peers run beside it.
+7. `cli` and `srv` skip `PLAIN_PORT` in sockmap acceleration (skip-accel-ports):
+   meshed like `HTTP_PORT`, never accelerated, the plain path sockmap's
+   side-by-side loads compare with. Without acceleration it is `HTTP_PORT`'s twin.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ from agent import config
 from agent.bench.mesh import BenchPod, MeshPlane, NodeAgent, make_pod
 from agent.errors import AgentError
 from agent.redirect import netns
-from agent.redirect.annotations import SKIP_INBOUND_PORTS, SKIP_OUTBOUND_PORTS
+from agent.redirect.annotations import SKIP_ACCEL_PORTS, SKIP_INBOUND_PORTS, SKIP_OUTBOUND_PORTS
 
 if TYPE_CHECKING:
     from agent.netlab import Lab, LabNode, LabPod
@@ -71,6 +75,11 @@ HTTP_PORT = 8080
 # rule 10, `peers.side_peers`) reach the same server process directly and through
 # HAProxy while a node agent meshes HTTP_PORT.
 SIDE_PORT = 8081
+# The servers' third port: meshed, but the pods' manifests leave it out of eBPF
+# sockmap acceleration (`config.meshagent.io/skip-accel-ports`, cli's and srv's), so
+# sockmap's side-by-side loads run its accelerated path (HTTP_PORT) and the plain one
+# on one node agent, taking turns (agent.bench.harness rule 10).
+PLAIN_PORT = 8082
 IPERF_PORT = 5201
 PROXY_HTTP_PORT = 18080  # HAProxy's (and the floor's) listeners in the client pod
 PROXY_IPERF_PORT = 15201
@@ -84,6 +93,7 @@ LISTEN_PORTS = tuple(
             config.INBOUND_PORT,
             HTTP_PORT,
             SIDE_PORT,
+            PLAIN_PORT,
             IPERF_PORT,
             PROXY_HTTP_PORT,
             PROXY_IPERF_PORT,
@@ -296,11 +306,13 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
         workdir=workdir,
         mesh=MeshPlane(workdir=workdir),
     )
-    ports = (HTTP_PORT, IPERF_PORT)
+    ports = (HTTP_PORT, PLAIN_PORT, IPERF_PORT)
     # the side-by-side peers' ports stay outside the mesh: the server's second port, and
-    # across nodes haproxy-tls's hop from cli to its listener in srv2 (rule 6)
-    skip_out = ((SKIP_OUTBOUND_PORTS, f"{SIDE_PORT},{PROXY_HTTP_PORT},{TLS_HTTP_PORT}"),)
-    skip_in = ((SKIP_INBOUND_PORTS, str(SIDE_PORT)),)
+    # across nodes haproxy-tls's hop from cli to its listener in srv2 (rule 6); the third
+    # port is meshed but never accelerated (rule 7)
+    plain = (SKIP_ACCEL_PORTS, str(PLAIN_PORT))
+    skip_out = ((SKIP_OUTBOUND_PORTS, f"{SIDE_PORT},{PROXY_HTTP_PORT},{TLS_HTTP_PORT}"), plain)
+    skip_in = ((SKIP_INBOUND_PORTS, str(SIDE_PORT)), plain)
     skip_in2 = ((SKIP_INBOUND_PORTS, f"{SIDE_PORT},{TLS_HTTP_PORT}"),)
     topo.mesh.add(
         [
@@ -316,7 +328,7 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
     server = [sys.executable, "-m", "agent.bench.server"]
     for pod in (topo.srv, topo.srv2):
         pod.spawn(
-            [*server, "--port", str(HTTP_PORT), "--port", str(SIDE_PORT)],
+            [*server, *(f"--port={port}" for port in (HTTP_PORT, SIDE_PORT, PLAIN_PORT))],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -328,6 +340,7 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
     for pod in (topo.srv, topo.srv2):
         wait_port(topo.cli, pod.ip, HTTP_PORT)
         wait_port(topo.cli, pod.ip, SIDE_PORT)
+        wait_port(topo.cli, pod.ip, PLAIN_PORT)
         wait_port(topo.cli, pod.ip, IPERF_PORT)
     return topo
 

@@ -161,6 +161,31 @@ def test_accelerated_setup_redirects_its_messages_and_is_compared_with_plain_ebp
 
 
 @pytest.mark.timeout(180)
+def test_sockmap_side_by_side_takes_turns_with_its_own_plain_path_which_is_not_accelerated(doc):
+    row = next(
+        r
+        for r in doc["results"]
+        if (r["setup"], r["load"]) == ("meshagent-ebpf-accel", "http1-side-1000")
+    )
+    assert row["errors"] == 0, row
+    assert set(row["side"]) == {"direct", "meshagent-ebpf"}
+    for peer in row["side"].values():
+        assert peer["errors"] == 0, row
+        assert peer["requests"] == row["requests"] > 0
+    # both meshed paths went through the one node agent; direct bypassed it
+    assert row["sent"] <= row["agent_requests"] <= row["sent"] + 5, row
+    assert {topology.HTTP_PORT, topology.PLAIN_PORT} <= set(row["agent_target_ports"]), row
+    assert topology.SIDE_PORT not in row["agent_target_ports"], row
+    # the two paths had the same schedule; only the accelerated one's 4 messages a request
+    # (app -> outbound and the proxy -> app, each way) were redirected: 8 if both had been
+    each = row["sent"] / 2
+    assert 4 * each <= row["accel"]["redirected_msgs"] < 6 * each, row
+    assert doc["accel"]["judged_on"] == "side"
+    assert doc["ratios"]["accel_p50:meshagent-ebpf-accel/meshagent-ebpf@http1-side-1000"] > 0
+    assert any("the plain path's (meshagent-ebpf)" in n for n in doc["notes"])
+
+
+@pytest.mark.timeout(180)
 def test_profile_summarizes_each_meshagent_setups_workers(doc):
     out = Path(doc["out"]) / "profile"
     for setup in ("meshagent-iptables", "meshagent-ebpf"):

@@ -88,10 +88,11 @@ def test_accel_setup_runs_by_default_and_http1_rr_only_in_the_full_run():
     assert Options.make(quick=True, loads_="http1-rr").loads == ("http1-rr",)
 
 
-def test_side_by_side_runs_on_meshagent_setups_without_sockmap_at_1000_in_quick_runs():
+def test_side_by_side_runs_on_meshagent_setups_at_1000_in_quick_runs():
     assert [s for s in setups.SETUPS if side_by_side(s)] == [
         "meshagent-iptables",
         "meshagent-ebpf",
+        "meshagent-ebpf-accel",
         "meshagent-iptables-xnode",
         "meshagent-ebpf-xnode",
         "meshagent-ebpf-h2-xnode",
@@ -103,6 +104,7 @@ def test_side_by_side_runs_on_meshagent_setups_without_sockmap_at_1000_in_quick_
     assert ran == {
         "meshagent-iptables",
         "meshagent-ebpf",
+        "meshagent-ebpf-accel",
         "meshagent-iptables-xnode",
         "meshagent-ebpf-xnode",
     }

@@ -370,6 +370,53 @@ def test_a_variant_is_paired_with_base_round_by_round():
     )
 
 
+def _accel_side_row(rate: int, p50: float, p99: float, plain: tuple[float, float]) -> dict:
+    return {
+        "setup": "meshagent-ebpf-accel",
+        "load": f"http1-side-{rate}",
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "side": {
+            "direct": {"p50_ms": 0.05, "p99_ms": 0.1},
+            "meshagent-ebpf": {"p50_ms": plain[0], "p99_ms": plain[1]},
+        },
+    }
+
+
+def test_sockmap_side_by_side_is_set_against_its_own_plain_path_and_judged_before_the_rest():
+    rows = [
+        *_accel_rows(),  # sequential loads: p50 0.8, p99 0.775 on their own (met)
+        # the plain ebpf setup's side row (beside HAProxy) must not be its peer here
+        _side_row(0.45, 0.2, 0.4),
+        _accel_side_row(1000, 0.18, 0.40, plain=(0.20, 0.50)),
+        _accel_side_row(2000, 0.19, 0.45, plain=(0.20, 0.50)),
+    ]
+    doc = report.document({}, rows, [])
+    r = doc["ratios"]
+    assert r["accel_p50:meshagent-ebpf-accel/meshagent-ebpf@http1-side-1000"] == 0.9
+    assert r["accel_p99:meshagent-ebpf-accel/meshagent-ebpf@http1-side-2000"] == 0.9
+    accel = doc["accel"]
+    assert accel["judged_on"] == "side"
+    assert (accel["p50_mean"], accel["p99_mean"]) == (0.925, 0.85)
+    assert accel["latency_goal_met"] is False  # p50 0.925: the sequential loads do not count
+    assert accel["latency"]["http1-rr"] == {"p50": 0.8, "p99": 0.75}  # still reported
+    accel_row = next(
+        x for x in doc["results"] if x["load"] == "http1-side-1000" and "accel" in x["setup"]
+    )
+    assert accel_row["added_p99_ms"] == 0.3  # over the side's own direct
+    lines = [n for n in doc["notes"] if n.startswith("side by side") and "plain path" in n]
+    assert len(lines) == 2
+    assert lines[0].endswith("p50 0.9x, p99 0.8x the plain path's (meshagent-ebpf)")
+    assert "http1-side-1000, http1-side-2000; goal <= 0.85x not met" in doc["notes"][0]
+
+
+def test_sockmap_side_by_side_alone_is_a_summary_without_the_plain_setups_rows():
+    accel = report.accel_summary([_accel_side_row(1000, 0.17, 0.40, plain=(0.20, 0.50))])
+    assert accel is not None
+    assert (accel["p50_mean"], accel["p99_mean"], accel["latency_goal_met"]) == (0.85, 0.8, True)
+    assert accel["bulk"] is None
+
+
 def test_accel_bulk_judges_the_download_too_when_it_ran():
     rows = [
         *_accel_rows(accel_gbps=15.0),
