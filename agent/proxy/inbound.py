@@ -478,13 +478,11 @@ def _target_port(conn: Conn) -> int:
 
 
 def _listener_port(conn: Conn) -> int | None:
-    """The port the inbound listener itself is bound to (4143 unless annotated)."""
+    """The port the inbound listener itself is bound to (4143 unless annotated), as the
+    worker read it when it began listening: asked of uvloop's server, each call made a
+    `socket.socket` (two interpreted calls per connection)."""
     lst = conn.worker.listeners.get(conn.listener.listener_id)
-    # Any: uvloop's `Server.sockets` is a list where typeshed says tuple, and compiled
-    # code (agent.native) checks what it was told.
-    server: Any = lst.server if lst is not None else None
-    socks = server.sockets if server is not None else ()
-    return int(socks[0].getsockname()[1]) if socks else None
+    return lst.port if lst is not None else None
 
 
 async def handle(conn: Conn) -> None:

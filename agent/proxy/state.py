@@ -76,10 +76,11 @@ class PodInfo:
     owner_labels: dict[str, str] = field(default_factory=dict, hash=False)  # deployment=..., etc.
     opaque_ports: frozenset[int] = frozenset()
     skip_inbound_ports: frozenset[int] = frozenset()
+    # "namespace/name", made once: a property was an interpreted call per connection
+    key: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.namespace}/{self.name}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -169,12 +169,13 @@ Handler = Callable[[Conn], Awaitable[None]]
 # --- default handler: opaque relay to the original destination --------------------
 
 
-def _load_orig_dst() -> Callable[[Any], tuple[str, int]] | None:
+def _load_orig_dst() -> Callable[[int], tuple[str, int] | None] | None:
     try:
         mod = importlib.import_module("agent.redirect.orig_dst")
     except ImportError:
         return None
-    fn: Callable[[Any], tuple[str, int]] | None = getattr(mod, "original_dst", None)
+    fn: Callable[[int], tuple[str, int] | None] | None
+    fn = getattr(mod, "original_dst_of_fd", None)
     return fn
 
 
@@ -184,22 +185,21 @@ _ORIGINAL_DST = _load_orig_dst()
 def default_resolve_target(conn: Conn) -> tuple[str, int]:
     """Where to relay `conn`: the original destination; inbound, on the pod's loopback.
 
-    Asks `agent.redirect.orig_dst.original_dst(sock)` (SO_ORIGINAL_DST) and,
+    Asks `agent.redirect.orig_dst.original_dst_of_fd` (SO_ORIGINAL_DST) and,
     when it does not know (not redirected by conntrack: sk_lookup, or a direct
     connection), takes the accepted socket's local address, which is then the
     original destination. A direct connection to an outbound listener thus
-    resolves to the listener itself, which `relay_handler` refuses.
+    resolves to the listener itself, which `relay_handler` refuses. The fd and
+    the local address come from the transport, not from uvloop's pseudo-socket,
+    whose calls each make a `socket.socket` (rule 2).
     """
-    sock = conn.socket
     target: tuple[str, int] | None = None
     if _ORIGINAL_DST is not None:
-        try:
-            target = _ORIGINAL_DST(sock)
-        except AgentError:  # not `contextlib.suppress`: three calls per connection (rule 2)
-            target = None
+        # not the pseudo-socket's `family`: an enum made in Python; SOL_IP's answer is
+        # the same on an AF_INET6 socket's fd
+        target = _ORIGINAL_DST(conn.transport.get_extra_info("socket").fileno())
     if target is None:
-        host, port = sock.getsockname()[:2]
-        target = (host, port)
+        target = (conn.local[0], conn.local[1])
     if conn.listener.kind is ListenerKind.INBOUND:
         return ("127.0.0.1", target[1])  # DESIGN: forward to the app on the pod's loopback
     return target
@@ -291,7 +291,7 @@ class _Accept(tcp.Held):
 
 
 class _Listener:
-    __slots__ = ("conns", "info", "loop", "server", "worker")
+    __slots__ = ("conns", "info", "loop", "port", "server", "worker")
 
     def __init__(self, worker: Worker, info: ListenerInfo, loop: asyncio.AbstractEventLoop) -> None:
         self.worker = worker
@@ -299,6 +299,7 @@ class _Listener:
         self.loop = loop  # its connections' tasks' (rule 2)
         self.server: asyncio.Server | None = None
         self.conns: set[Conn] = set()
+        self.port = 0  # the port it listens on (agent.proxy.inbound asks per connection)
 
 
 class Worker:
@@ -454,6 +455,7 @@ class Worker:
             listener_id=msg.listener_id, pod=msg.pod, kind=msg.kind, netns=msg.netns
         )
         lst = _Listener(self, info, asyncio.get_running_loop())
+        lst.port = sock.getsockname()[1]
         self.listeners[msg.listener_id] = lst
         try:
             lst.server = await lst.loop.create_server(

@@ -8,10 +8,17 @@ Rules:
    fallback. This is the only hook; the eBPF mode extends it, nothing else.
 3. A socket that was not redirected has no conntrack NAT entry: the kernel
    answers ENOENT and this raises `OriginalDstError`.
+4. `original_dst_of_fd` is the proxy's per-connection form: from the accepted
+   socket's fd (uvloop hands out a pseudo-socket whose `getsockopt` makes a
+   `socket.socket` each call, two interpreted calls), the same answer, or None
+   where `original_dst` raises (no error object, no addresses looked up to name
+   the socket: in eBPF mode every steered inbound connection takes that way).
+   One interpreted call (bench/RESULTS.md, forty-fifth pass).
 """
 
 from __future__ import annotations
 
+import _socket
 import socket
 import struct
 from collections.abc import Callable
@@ -57,6 +64,20 @@ def original_dst(sock: socket.socket, *, lookup: Lookup | None = None) -> tuple[
     except OSError as exc:
         raise OriginalDstError(_describe(sock), exc.strerror or str(exc)) from exc
     return decode_sockaddr_in(raw)
+
+
+def original_dst_of_fd(fd: int, family: int = socket.AF_INET) -> tuple[str, int] | None:
+    """Rule 4: `original_dst` of the accepted TCP socket `fd` (not closed), or None."""
+    sock = _socket.socket(family, socket.SOCK_STREAM, 0, fd)
+    try:
+        raw = sock.getsockopt(SOL_IP, SO_ORIGINAL_DST, _SOCKADDR_IN_LEN)
+    except OSError:
+        return None
+    finally:
+        sock.detach()
+    if len(raw) < 8:
+        return None
+    return _socket.inet_ntoa(raw[4:8]), (raw[2] << 8) | raw[3]
 
 
 def decode_sockaddr_in(raw: bytes) -> tuple[str, int]:

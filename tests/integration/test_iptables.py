@@ -16,7 +16,7 @@ from agent.redirect import rules
 from agent.redirect.annotations import build_spec
 from agent.redirect.iptables import Backend, IptablesRedirector, save
 from agent.redirect.model import PROXY_MARK
-from agent.redirect.orig_dst import original_dst
+from agent.redirect.orig_dst import OriginalDstError, original_dst, original_dst_of_fd
 from agent.redirect.registry import Registry
 
 pytestmark = pytest.mark.privileged
@@ -115,6 +115,21 @@ def test_outbound_connect_arrives_at_4140_with_the_original_destination(redirect
             assert which is proxy
             with conn:
                 assert original_dst(conn) == dst
+                # the proxy's per-connection form, from the fd: the same answer
+                assert original_dst_of_fd(conn.fileno(), conn.family) == dst
+                assert conn.fileno() >= 0  # the fd is still the caller's
+
+
+def test_original_dst_of_fd_is_none_where_original_dst_raises(pods, listen):
+    a, _ = pods
+    server = listen(a, 8099)  # not enrolled: no REDIRECT, no conntrack NAT entry
+    with connect_from(a, (a.ip, 8099)):
+        conn, _ = server.accept()
+        with conn:
+            with pytest.raises(OriginalDstError):
+                original_dst(conn)
+            assert original_dst_of_fd(conn.fileno(), conn.family) is None
+            conn.getsockname()  # still open
 
 
 def test_skipped_port_and_skipped_subnet_bypass_the_proxy(redirector, pods, listen):
