@@ -768,6 +768,7 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
     doc_machine = machine(calibration, opts.placement)
     doc = report.document(doc_machine, report.combine(rows), notes, measured=rows)
     doc["goals"] = goals.judge(doc, JUDGED_SETUPS)
+    doc["goals_caveat"] = goals.caveat(opts.duration_s)
     if opts.variants:
         envs = {v.name: dict(v.env) for v in opts.variants}
         doc["variants"] = report.variants(rows, by_variant, envs)

@@ -274,6 +274,8 @@ def _print_bench(doc: dict[str, Any]) -> None:
     for key, value in doc["memory"].items():
         print(f"  memory {key}: {value}")
     print("\ngoals (bench/README.md):")
+    if doc.get("goals_caveat"):
+        print(f"  ({doc['goals_caveat']})")
     for line in goals.lines(doc["goals"]):
         print(f"  {line}")
     if doc.get("variants"):

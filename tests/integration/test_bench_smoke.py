@@ -220,6 +220,9 @@ def test_the_table_output_ends_with_the_goals_and_the_json_beside_it(tmp_path):
     wanted += f"meshagent-ebpf@http1-saturate {ratio}"
     lines = done.stdout.splitlines()
     assert "goals (bench/README.md):" in lines
+    # half-second loads: the goals block says they are a smoke check
+    caveat = lines[lines.index("goals (bench/README.md):") + 1]
+    assert caveat.startswith("  (loads of 0.5 s: a smoke check"), caveat
     assert f"  {wanted}" in lines
     assert "  tcp-throughput >= 0.9x haproxy-tcp: not measured" in lines
 

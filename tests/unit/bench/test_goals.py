@@ -127,3 +127,9 @@ def test_with_rounds_sockmap_latency_is_the_mean_of_its_ratios_within_rounds():
     got = _by_name(_doc({}, accel=accel, ratios_paired=paired))["sockmap"]
     assert got["values"] == {"p50": 0.9, "p99": 0.7, "bulk_sane": True}
     assert got["met"] is False
+
+
+def test_short_loads_carry_a_caveat_and_verdict_length_loads_none():
+    assert "smoke check" in goals.caveat(1.0)
+    assert goals.caveat(goals.VERDICT_LOAD_S) is None
+    assert goals.caveat(10.0) is None
