@@ -51,24 +51,24 @@ Rules:
    interpreted; read at each setup, the check went quiet exactly then (thirty-sixth
    pass). The switch is read at each setup: `--profile` turns the build off for
    the agents it profiles (agent.bench.profile rule 4).
-10. Side by side (`http1-side-N`, meshagent setups): while the
-   setup's node agents run, its baseline and its HAProxy peer (`direct` and
-   `haproxy-http` on one node, `direct-xnode` and `haproxy-tls` across nodes)
-   are started to the server's `SIDE_PORT`, which the mesh skips
-   (`peers.side_peers`, agent.bench.topology rule 6); sockmap's peers are `direct`
-   and its own node agent's plain path (`meshagent-ebpf`, to `PLAIN_PORT`, which
-   acceleration skips: `peers.accel_side_peers`, topology rule 7). One load generator
-   sends N requests/s to the three in turn, 1 s each, a shuffled order per
-   cycle (agent.bench.loadgen rule 5), each for the load's duration. The row is
-   the setup's, with `side`: the peers' numbers from the same slices
+10. Side by side (`http1-side-N`, meshagent setups): while the setup's node agents
+   run, its baseline and its HAProxy peer (`direct` and `haproxy-http` on one node,
+   `direct-xnode` and `haproxy-tls` across nodes) are started to the server's
+   `SIDE_PORT`, which the mesh skips (`peers.side_peers`, agent.bench.topology rule
+   6); sockmap's peers are `direct` and its own node agent's plain path
+   (`meshagent-ebpf`, to `PLAIN_PORT`, which acceleration skips:
+   `peers.accel_side_peers`, topology rule 7). One load generator sends N
+   requests/s to the three in turn, 1 s each, a shuffled order per cycle
+   (agent.bench.loadgen rule 5), each for the load's duration. The row is the
+   setup's, with `side`: the peers' numbers from the same slices
    (agent.bench.report rule 10), and what the node agents counted meanwhile
    (`agent_requests` outbound, `agent_inbound_requests`), which equals what was
-   sent on the mesh's paths (`sent`: the setup's, and sockmap's plain path) when the
-   other peers bypassed the mesh, and the
-   servers' ports they proxied to (`agent_target_ports`: `HTTP_PORT`, sockmap's
-   `PLAIN_PORT`, and `IPERF_PORT` from the setup's readiness check, never a peer's port, whose
-   TLS a count of requests would not show). Its CPU is not counted: the node
-   agents idle through the peers' slices.
+   sent on the mesh's paths (`sent`: the setup's, and sockmap's plain path) when
+   the other peers bypassed the mesh, and the servers' ports they proxied to
+   (`agent_target_ports`: `HTTP_PORT`, sockmap's `PLAIN_PORT`, and `IPERF_PORT`
+   from the setup's readiness check, never a peer's port, whose TLS a count of
+   requests would not show). Its CPU is not counted: the node agents idle
+   through the peers' slices.
 """
 
 from __future__ import annotations

@@ -284,7 +284,8 @@ def accel_latency_met(p50: float | None, p99: float | None) -> bool | None:
 
 
 def accel_summary(rows: Sequence[Row]) -> dict[str, Any] | None:
-    """Acceleration against the plain eBPF path (module rule 4); None unless both ran."""
+    """Acceleration against the plain eBPF path (module rule 4); None unless sockmap's
+    setup ran a latency load or a bulk one."""
     if not any(r["setup"] == ACCEL_SETUP for r in rows):
         return None
     latency: dict[str, dict[str, float | None]] = {}
