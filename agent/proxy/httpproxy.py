@@ -102,7 +102,13 @@ __all__ = ["HttpConn", "Opener", "Plan", "Reject", "Router", "Target", "reject",
 class HttpConn:
     """Serves one client connection; see the module rules."""
 
-    def __init__(self, transport: asyncio.Transport, router: Router, pool: ConnPool) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        router: Router,
+        pool: ConnPool,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self.router = router
         self.pool = pool
         self.down = ClientSide(self)
@@ -113,7 +119,8 @@ class HttpConn:
         self.tally: BoundHttp | None = None  # h1fast's metrics handle (record rule 5)
         self.body_done = False  # the current request's body was read from the client
         self.write_paused = False
-        self.loop = asyncio.get_running_loop()
+        # the caller's loop where it has one: asyncio.get_running_loop() is a getpid() in 3.11
+        self.loop = loop if loop is not None else asyncio.get_running_loop()
         self.batch = writes.batch_for(self.loop)  # the callback path's writes (rule 8)
         # Rule 7: the callback path's state.
         # `run` of the connection's task context (record.CONN), bound once: called per
@@ -789,11 +796,17 @@ def _wake(fut: asyncio.Future[None] | None) -> None:
         fut.set_result(None)
 
 
-async def serve(
-    transport: asyncio.Transport, router: Router, pool: ConnPool, prefix: bytes, *, eof: bool
+async def serve(  # noqa: PLR0913 - the connection, where it goes, what was read, its loop
+    transport: asyncio.Transport,
+    router: Router,
+    pool: ConnPool,
+    prefix: bytes,
+    *,
+    eof: bool,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> int:
     """Serve a client connection whose reading is paused; the number of requests seen."""
-    conn = HttpConn(transport, router, pool)
+    conn = HttpConn(transport, router, pool, loop)
     conn.attach(prefix, eof=eof)
     try:
         await conn.serve()

@@ -596,7 +596,8 @@ async def _serve(  # noqa: PLR0913 - the facts of one connection
             identity=facts.client_identity,
             tls=facts.tls,
         )
-        await httpproxy.serve(transport, router, plane_of(conn.worker).pool, prefix, eof=eof)
+        pool = plane_of(conn.worker).pool
+        await httpproxy.serve(transport, router, pool, prefix, eof=eof, loop=conn.loop)
         return
     if proto is Protocol.HTTP2:  # authorized per stream (agent.proxy.h2route)
         await h2route.serve_inbound(conn, transport, pod, port, facts, prefix, eof=eof)

@@ -168,7 +168,7 @@ class OutboundRouter:
         self.dst = dst
         # The client as B's policy sees it on a same-node hop: A's pod IP, else the peer.
         self.client_ip = parse_ip(src.ip if src is not None else conn.peer[0])
-        self.loop = asyncio.get_running_loop()
+        self.loop = conn.loop  # not asyncio.get_running_loop(): a getpid() in 3.11
         # Per-connection caches (the source pod and client facts never change on a connection):
         self._labels: dict[tuple[str, str | None], dict[str, str]] = {}
         self._choices: dict[tuple[tuple[str, int], int], _Choice] = {}
@@ -575,7 +575,9 @@ async def handle(conn: Conn) -> None:
         )
     if proto is Protocol.HTTP1:
         router = OutboundRouter(conn, src, key, dst)
-        await httpproxy.serve(conn.transport, router, plane_of(worker).pool, prefix, eof=eof)
+        await httpproxy.serve(
+            conn.transport, router, plane_of(worker).pool, prefix, eof=eof, loop=conn.loop
+        )
         return
     if proto is Protocol.HTTP2:  # per stream (agent.proxy.h2route)
         await h2route.serve_outbound(conn, src, key, dst, prefix, eof=eof)

@@ -127,6 +127,7 @@ class Conn:
         "held",
         "listener",
         "local",
+        "loop",
         "obs",
         "peer",
         "relay",
@@ -136,10 +137,19 @@ class Conn:
         "worker",
     )
 
-    def __init__(self, worker: Worker, listener: ListenerInfo, held: tcp.Held) -> None:
+    def __init__(
+        self,
+        worker: Worker,
+        listener: ListenerInfo,
+        held: tcp.Held,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         assert held.transport is not None  # noqa: S101 - called from connection_made
         transport = held.transport
         self.worker = worker
+        # its listener's loop, for handlers: asyncio.get_running_loop() is a getpid() in
+        # CPython 3.11, two per connection (bench/RESULTS.md, forty-fifth pass)
+        self.loop = loop
         self.listener = listener
         self.held = held
         self.transport = transport
@@ -488,7 +498,7 @@ class Worker:
 
     def accepted(self, lst: _Listener, held: tcp.Held) -> Conn:
         """Called by `_Accept` for each new connection: start its handler."""
-        conn = Conn(self, lst.info, held)
+        conn = Conn(self, lst.info, held, lst.loop)
         self.accepted_total += 1
         self.conns.add(conn)
         lst.conns.add(conn)
