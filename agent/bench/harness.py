@@ -52,15 +52,16 @@ Rules:
    pass). The switch is read at each setup: `--profile` turns the build off for
    the agents it profiles (agent.bench.profile rule 4).
 10. Side by side (`http1-side-N`, meshagent setups): while the setup's node agents
-   run, its baseline and its HAProxy peer (`direct` and `haproxy-http` on one node,
-   `direct-xnode` and `haproxy-tls` across nodes) are started to the server's
+   run, its baseline and its HAProxy peers (`direct` and `haproxy-http` on one node;
+   `direct-xnode`, `haproxy-tls` and its L7 peer, `haproxy-tls-h1` or `-h2`
+   (agent.bench.report rule 8), across nodes) are started to the server's
    `SIDE_PORT`, which the mesh skips (`peers.side_peers`, agent.bench.topology rule
    6); sockmap's peers are `direct` and its own node agent's plain path
    (`meshagent-ebpf`, to `PLAIN_PORT`, which acceleration skips:
    `peers.accel_side_peers`, topology rule 7). One load generator sends N
-   requests/s to the three in turn, 1 s each, a shuffled order per cycle
-   (agent.bench.loadgen rule 5), each for the load's duration. The row is the
-   setup's, with `side`: the peers' numbers from the same slices
+   requests/s to them in turn (three, or four across nodes), 1 s each, a shuffled
+   order per cycle (agent.bench.loadgen rule 5), each for the load's duration. The
+   row is the setup's, with `side`: the peers' numbers from the same slices
    (agent.bench.report rule 10), and what the node agents counted meanwhile
    (`agent_requests` outbound, `agent_inbound_requests`), which equals what was
    sent on the mesh's paths (`sent`: the setup's, and sockmap's plain path) when
@@ -423,7 +424,9 @@ def _side_peers(topo: Topology, target: Target) -> Iterator[list[Target]]:
         with peers.accel_side_peers(topo, target, report.ACCEL_PEER) as others:
             yield others
         return
-    with peers.side_peers(topo, cross=report.cross_node(target.setup)) as others:
+    cross = report.cross_node(target.setup)
+    l7 = report.l7_peer_of(target.setup).removeprefix("haproxy-tls-") if cross else None
+    with peers.side_peers(topo, cross=l7) as others:
         yield others
 
 

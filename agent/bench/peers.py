@@ -45,6 +45,8 @@ from agent.bench.topology import (
     PLAIN_PORT,
     PROXY_HTTP_PORT,
     PROXY_IPERF_PORT,
+    SIDE_L7_HTTP_PORT,
+    SIDE_L7_TLS_PORT,
     SIDE_PORT,
     TLS_HTTP_PORT,
     TLS_IPERF_PORT,
@@ -211,14 +213,16 @@ def haproxy_one_hop(mode: str, server_port: int = HTTP_PORT) -> SetupFn:
 
 
 @contextlib.contextmanager
-def side_peers(topo: Topology, *, cross: bool) -> Iterator[list[Target]]:
+def side_peers(topo: Topology, *, cross: str | None) -> Iterator[list[Target]]:
     """The peers a meshagent setup is measured beside, taking turns (agent.bench.harness
     rule 10), while its node agents mesh `HTTP_PORT`: to the server's `SIDE_PORT`, which
-    the mesh skips (topology rule 6), `direct` and `haproxy-http` on one node (`srv`),
-    `direct-xnode` and `haproxy-tls` across nodes (`srv2`, `cross`)."""
-    if cross:
-        with haproxy_two_hop("tcp", SIDE_PORT)(topo) as proxy:
-            yield [_direct("direct-xnode", topo, topo.srv2.ip, SIDE_PORT), proxy]
+    the mesh skips (topology rule 6), `direct` and `haproxy-http` on one node (`srv`);
+    across nodes (`srv2`) `direct-xnode`, `haproxy-tls` and the L7 peer `cross` names
+    (`h1` or `h2` between its hops: agent.bench.report rule 8) on its own ports."""
+    if cross is not None:
+        l7 = haproxy_two_hop(cross, SIDE_PORT, (SIDE_L7_HTTP_PORT, SIDE_L7_TLS_PORT))
+        with haproxy_two_hop("tcp", SIDE_PORT)(topo) as proxy, l7(topo) as l7_proxy:
+            yield [_direct("direct-xnode", topo, topo.srv2.ip, SIDE_PORT), proxy, l7_proxy]
         return
     with haproxy_one_hop("http", SIDE_PORT)(topo) as proxy:
         yield [_direct("direct", topo, topo.srv.ip, SIDE_PORT), proxy]
@@ -320,10 +324,15 @@ def python_floor_tls(topo: Topology) -> Iterator[Target]:
         _stop(server_side)
 
 
-def haproxy_two_hop(between: str, server_port: int = HTTP_PORT) -> SetupFn:
+def haproxy_two_hop(
+    between: str,
+    server_port: int = HTTP_PORT,
+    listen: tuple[int, int] = (PROXY_HTTP_PORT, TLS_HTTP_PORT),
+) -> SetupFn:
     """HAProxy in `cli` -> mutual TLS 1.3 -> HAProxy in `srv2` -> the server's
-    `server_port` (iperf too for tcp on `HTTP_PORT`; the side-by-side peer on
-    `SIDE_PORT` carries HTTP only).
+    `server_port` (iperf too for tcp on `HTTP_PORT`; the side-by-side peers on
+    `SIDE_PORT` carry HTTP only), listening on `listen`'s ports: cli's, srv2's TLS one
+    (the L7 peer beside haproxy-tls takes its own pair).
 
     `between`: `tcp` (haproxy-tls) relays bytes, iperf3 too: what mTLS alone
     costs. `h1` (haproxy-tls-h1) and `h2` (haproxy-tls-h2) run `mode http` on both
@@ -336,7 +345,7 @@ def haproxy_two_hop(between: str, server_port: int = HTTP_PORT) -> SetupFn:
     mode = "tcp" if between == "tcp" else "http"
     alpn = "h2" if between == "h2" else ""
     # (route, the app's port in srv2, the client-side listener, the TLS listener)
-    ports = [("http", server_port, PROXY_HTTP_PORT, TLS_HTTP_PORT)]
+    ports = [("http", server_port, *listen)]
     if mode == "tcp" and server_port == HTTP_PORT:
         ports.append(("iperf", IPERF_PORT, PROXY_IPERF_PORT, TLS_IPERF_PORT))
 
@@ -373,13 +382,13 @@ def haproxy_two_hop(between: str, server_port: int = HTTP_PORT) -> SetupFn:
             client_side = _haproxy(topo.cli, out, client_cfg, nodes=2)
             try:
                 server_log, client_log = log_of(server_cfg), log_of(client_cfg)
-                wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT, proc=server_side, log=server_log)
-                wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT, proc=client_side, log=client_log)
+                wait_port(topo.srv2, "127.0.0.1", listen[1], proc=server_side, log=server_log)
+                wait_port(topo.cli, "127.0.0.1", listen[0], proc=client_side, log=client_log)
                 yield Target(
                     setup=name,
                     client=topo.cli,
                     host="127.0.0.1",
-                    http_port=PROXY_HTTP_PORT,
+                    http_port=listen[0],
                     iperf_port=PROXY_IPERF_PORT if len(ports) > 1 else 0,
                     hops=2,
                     mtls=True,

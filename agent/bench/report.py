@@ -63,9 +63,10 @@ Rules:
    `direct` and its plain path, `meshagent-ebpf`). Its
    `added_p99_ms`, and each peer's, is over the side's own baseline (rule 1's,
    `baseline_of`), not over a baseline row; a ratio's peer value on such a load
-   comes from the row's `side` (across nodes there is no L7 peer in it, so
-   only the `haproxy-tls` ratio). `combine` takes each peer's numbers' median
-   over the rounds, as rule 6 does the row's, and sums the row's `SIDE_COUNTS`.
+   comes from the row's `side` (across nodes `haproxy-tls` and the L7 peer that
+   ran beside it; a side without the L7 peer has no ratio against it). `combine`
+   takes each peer's numbers' median over the rounds, as rule 6 does the row's,
+   and sums the row's `SIDE_COUNTS`.
    `side_notes` says each in one line. With more than one round the document
    keeps every round's rows under `measured`, and each variant its own (the
    sides' numbers per round).
@@ -478,15 +479,20 @@ def side_notes(rows: Sequence[Row]) -> list[str]:
             continue
         rate = r["load"].removeprefix(SIDE_PREFIX)
         base = baseline_of(r["setup"])
-        haproxy = CROSS_PEER if cross_node(r["setup"]) else "haproxy-http"
+        cross = cross_node(r["setup"])
+        haproxy = CROSS_PEER if cross else "haproxy-http"
         parts = []
         for name, peer in [*side.items(), (r["setup"], r)]:
             added = peer.get("added_p99_ms")
             p99 = peer.get("p99_ms")
             text = f"{name} p99 {p99 if p99 is None else round(p99, 3)} ms"
             parts.append(text if name == base else f"{text} (added {added})")
-        ratio = added_ratio(r.get("added_p99_ms"), side.get(haproxy, {}).get("added_p99_ms"))
-        verdict = f": {ratio}x {haproxy}'s added p99" if ratio is not None else ""
+        quotients = []
+        for peer_name in (haproxy, l7_peer_of(r["setup"])) if cross else (haproxy,):
+            ratio = added_ratio(r.get("added_p99_ms"), side.get(peer_name, {}).get("added_p99_ms"))
+            if ratio is not None:
+                quotients.append(f"{ratio}x {peer_name}'s")
+        verdict = f": {', '.join(quotients)} added p99" if quotients else ""
         if r["setup"] == ACCEL_SETUP:
             p50, p99 = (_accel_ratio([r], r["load"], key) for key in ("p50_ms", "p99_ms"))
             verdict = f": p50 {p50}x, p99 {p99}x the plain path's ({ACCEL_PEER})"

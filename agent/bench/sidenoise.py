@@ -67,7 +67,7 @@ def measure(*, runs: int, duration: float, rate: int, warmup: float) -> list[dic
         with Lab("mas" + secrets.token_hex(2)) as lab:
             topo = setups.build_topology(lab, workdir)
             try:
-                with placed(topo, 1), peers.side_peers(topo, cross=False) as (direct, proxy):
+                with placed(topo, 1), peers.side_peers(topo, cross=None) as (direct, proxy):
                     targets = [
                         direct,
                         proxy,

@@ -35,10 +35,11 @@ Rules:
    each other: it flattered the cross-node h2 path, whose nodes wait on each
    other's batches, by about an eighth (bench/RESULTS.md, twenty-eighth pass).
 6. The pods' manifests keep the side-by-side peers (agent.bench.harness rule 10)
-   out of the mesh: `cli` skips outbound `SIDE_PORT`, `PROXY_HTTP_PORT` and
-   `TLS_HTTP_PORT`, `srv` skips inbound `SIDE_PORT`, `srv2` inbound `SIDE_PORT`
-   and `TLS_HTTP_PORT` (haproxy-tls's hop), so a node agent meshes `HTTP_PORT`
-   only while the peers run beside it.
+   out of the mesh: `cli` skips outbound `SIDE_PORT`, `PROXY_HTTP_PORT`,
+   `TLS_HTTP_PORT` and the L7 peer's pair (`SIDE_L7_HTTP_PORT`,
+   `SIDE_L7_TLS_PORT`), `srv` skips inbound `SIDE_PORT`, `srv2` inbound
+   `SIDE_PORT`, `TLS_HTTP_PORT` (haproxy-tls's hop) and `SIDE_L7_TLS_PORT` (the L7
+   peer's), so a node agent meshes `HTTP_PORT` only while the peers run beside it.
 7. `cli` and `srv` skip `PLAIN_PORT` in sockmap acceleration (skip-accel-ports):
    meshed like `HTTP_PORT`, never accelerated, the plain path sockmap's
    side-by-side loads compare with. Without acceleration it is `HTTP_PORT`'s twin.
@@ -84,6 +85,9 @@ IPERF_PORT = 5201
 PROXY_HTTP_PORT = 18080  # HAProxy's (and the floor's) listeners in the client pod
 PROXY_IPERF_PORT = 15201
 TLS_HTTP_PORT = 18443  # HAProxy's mTLS listeners in the server pod
+# The L7 peer's pair when it runs beside haproxy-tls (cross-node side by side, rule 6)
+SIDE_L7_HTTP_PORT = 18081
+SIDE_L7_TLS_PORT = 18444
 TLS_IPERF_PORT = 15443
 # Every port a setup listens on: the agent's, the servers', the peers'.
 LISTEN_PORTS = tuple(
@@ -99,6 +103,8 @@ LISTEN_PORTS = tuple(
             PROXY_IPERF_PORT,
             TLS_HTTP_PORT,
             TLS_IPERF_PORT,
+            SIDE_L7_HTTP_PORT,
+            SIDE_L7_TLS_PORT,
         )
     )
 )
@@ -311,9 +317,10 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
     # across nodes haproxy-tls's hop from cli to its listener in srv2 (rule 6); the third
     # port is meshed but never accelerated (rule 7)
     plain = (SKIP_ACCEL_PORTS, str(PLAIN_PORT))
-    skip_out = ((SKIP_OUTBOUND_PORTS, f"{SIDE_PORT},{PROXY_HTTP_PORT},{TLS_HTTP_PORT}"), plain)
+    peers_out = (SIDE_PORT, PROXY_HTTP_PORT, TLS_HTTP_PORT, SIDE_L7_HTTP_PORT, SIDE_L7_TLS_PORT)
+    skip_out = ((SKIP_OUTBOUND_PORTS, ",".join(map(str, peers_out))), plain)
     skip_in = ((SKIP_INBOUND_PORTS, str(SIDE_PORT)), plain)
-    skip_in2 = ((SKIP_INBOUND_PORTS, f"{SIDE_PORT},{TLS_HTTP_PORT}"),)
+    skip_in2 = ((SKIP_INBOUND_PORTS, f"{SIDE_PORT},{TLS_HTTP_PORT},{SIDE_L7_TLS_PORT}"),)
     topo.mesh.add(
         [
             BenchPod(role="cli", node=a.name, ip=topo.cli.ip, annotations=skip_out),

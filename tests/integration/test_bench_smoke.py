@@ -109,7 +109,8 @@ def test_cross_node_side_by_side_measures_direct_xnode_and_haproxy_tls_beside_bo
     doc = _bench(tmp_path, setup, load, timeout=80)
     (row,) = doc["results"]
     assert (row["setup"], row["load"], row["errors"]) == (setup, load, 0), row
-    assert set(row["side"]) == {"direct-xnode", "haproxy-tls"}
+    # and the L7 peer (mode http on both hops, h2 between them, as this setup may send)
+    assert set(row["side"]) == {"direct-xnode", "haproxy-tls", "haproxy-tls-h2"}
     for peer in row["side"].values():
         assert peer["errors"] == 0, row
         assert peer["requests"] == row["requests"] > 0
@@ -121,10 +122,12 @@ def test_cross_node_side_by_side_measures_direct_xnode_and_haproxy_tls_beside_bo
     # proxied (captured, it showed up here and its p99 rose from 0.6 ms to 730 ms)
     assert topology.HTTP_PORT in row["agent_target_ports"]
     assert topology.TLS_HTTP_PORT not in row["agent_target_ports"], row
+    assert topology.SIDE_L7_TLS_PORT not in row["agent_target_ports"], row
     assert topology.SIDE_PORT not in row["agent_target_ports"], row
     assert row["side"]["direct-xnode"]["added_p99_ms"] == 0.0
-    name = f"added_p99:{setup}/haproxy-tls@{load}"
-    assert (name in doc["ratios"]) == (row["side"]["haproxy-tls"]["added_p99_ms"] > 0)
+    for peer in ("haproxy-tls", "haproxy-tls-h2"):
+        name = f"added_p99:{setup}/{peer}@{load}"
+        assert (name in doc["ratios"]) == (row["side"][peer]["added_p99_ms"] > 0)
     assert any(n.startswith("side by side at 1000 req/s") and setup in n for n in doc["notes"])
 
 

@@ -495,6 +495,27 @@ def test_a_cross_node_side_by_side_row_is_over_its_direct_xnode_and_set_against_
     )
 
 
+def test_a_cross_node_side_by_side_row_is_set_against_its_l7_peer_too_when_it_ran_beside():
+    row = {
+        "setup": "meshagent-ebpf-h1-xnode",
+        "load": "http1-side-2000",
+        "p99_ms": 0.9,
+        "side": {
+            "direct-xnode": {"p99_ms": 0.3, "requests": 10, "errors": 0},
+            "haproxy-tls": {"p99_ms": 0.7, "requests": 10, "errors": 0},
+            "haproxy-tls-h1": {"p99_ms": 0.8, "requests": 10, "errors": 0},
+        },
+    }
+    doc = report.document({}, [row], [])
+    side_ratios = {k: v for k, v in doc["ratios"].items() if "http1-side" in k}
+    assert side_ratios == {
+        "added_p99:meshagent-ebpf-h1-xnode/haproxy-tls@http1-side-2000": 1.5,
+        "added_p99:meshagent-ebpf-h1-xnode/haproxy-tls-h1@http1-side-2000": 1.2,
+    }
+    (line,) = [n for n in doc["notes"] if n.startswith("side by side")]
+    assert line.endswith(": 1.5x haproxy-tls's, 1.2x haproxy-tls-h1's added p99")
+
+
 def test_side_by_side_rounds_take_each_peers_medians_and_pair_within_each_round():
     counts = {"sent": 13, "agent_requests": 13, "agent_inbound_requests": 13}
     rows = [_side_row(0.45, 0.2, 0.4, **counts), _side_row(0.9, 0.5, 0.6, **counts)]
