@@ -37,7 +37,7 @@ Rules:
    the loads were not named (`--loads`), only the loads they explain
    (`EXPLAIN_LOADS`): the saturation loads, where the floors and HAProxy's
    L7 peers are compared (agent.bench.report rules 5 and 8) and where the
-   upgrade modes differ. That keeps the full run near 25 minutes; named loads
+   upgrade modes differ. That keeps the full run near 27 minutes; named loads
    run on every named setup.
 9. Where this process would load the current native build (`agent.native`)
    and `MESHAGENT_NATIVE` does not switch it off, a meshagent setup whose
