@@ -76,7 +76,7 @@ def inspect(red: EbpfRedirector, spec: CaptureSpec) -> CaptureState:
         mode=red.mode,
         inbound=inbound,
         outbound=outbound,
-        skipped_ports=_skipped(spec),
+        skipped_ports=spec.skipped_text(accel=True),
         counters={
             "orig_dst_entries": len(entries.orig),
             "inbound_listener": int(entries.listener),
@@ -198,20 +198,6 @@ class _Entries:
 
 def _direction(ok: object) -> str:
     return "captured" if ok else "missing"
-
-
-def _skipped(spec: CaptureSpec) -> str:
-    inbound = ",".join(
-        [str(p) for p in spec.proxy_ports] + [str(r) for r in spec.skip_inbound_ports.ranges]
-    )
-    out = [f"in:{inbound}"]
-    if spec.skip_outbound_ports:
-        out.append(f"out:{spec.skip_outbound_ports}")
-    if spec.skip_subnets:
-        out.append("subnets:" + ",".join(str(s) for s in spec.skip_subnets))
-    if spec.skip_accel_ports:
-        out.append(f"accel:{spec.skip_accel_ports}")
-    return " ".join(out)
 
 
 def netns_cookie_of(path: str | Path) -> int:

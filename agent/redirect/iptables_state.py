@@ -98,7 +98,7 @@ def state_from_save(
         mode=Mode.IPTABLES,
         inbound=states["inbound"],
         outbound=states["outbound"],
-        skipped_ports=_skipped_ports(spec),
+        skipped_ports=spec.skipped_text(accel=False),
         counters=counters,
         detail=nat_section(text),
         drift=tuple(drift),
@@ -129,20 +129,6 @@ def _direction_counters(table: rules.SavedTable, direction: str, chain: str) -> 
         f"{direction}_bytes": sum(r.bytes for r in redirect),
         f"{direction}_skipped_packets": sum(r.packets for r in skipped),
     }
-
-
-def _skipped_ports(spec: CaptureSpec) -> str:
-    """What the plan lets through: "in:PORTS [out:PORTS] [subnets:NETS]"."""
-    skipped_ports = []
-    inbound_skip = ",".join(
-        [str(p) for p in spec.proxy_ports] + [str(r) for r in spec.skip_inbound_ports.ranges]
-    )
-    skipped_ports.append(f"in:{inbound_skip}")
-    if spec.skip_outbound_ports:
-        skipped_ports.append(f"out:{spec.skip_outbound_ports}")
-    if spec.skip_subnets:
-        skipped_ports.append("subnets:" + ",".join(str(s) for s in spec.skip_subnets))
-    return " ".join(skipped_ports)
 
 
 def nat_section(text: str) -> str:

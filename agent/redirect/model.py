@@ -82,6 +82,22 @@ class CaptureSpec:
     skip_accel_ports: PortSet = field(default_factory=PortSet)  # eBPF same-node acceleration
     mark: int = PROXY_MARK
 
+    def skipped_text(self, *, accel: bool) -> str:
+        """What capture lets through, as `meshagent redirects` shows it: "in:PORTS
+        [out:PORTS] [subnets:NETS]", and with `accel` (a mode that accelerates)
+        "[accel:PORTS]"."""
+        inbound = ",".join(
+            [str(p) for p in self.proxy_ports] + [str(r) for r in self.skip_inbound_ports.ranges]
+        )
+        out = [f"in:{inbound}"]
+        if self.skip_outbound_ports:
+            out.append(f"out:{self.skip_outbound_ports}")
+        if self.skip_subnets:
+            out.append("subnets:" + ",".join(str(s) for s in self.skip_subnets))
+        if accel and self.skip_accel_ports:
+            out.append(f"accel:{self.skip_accel_ports}")
+        return " ".join(out)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CaptureState:
