@@ -487,15 +487,17 @@ def side_notes(rows: Sequence[Row]) -> list[str]:
             p99 = peer.get("p99_ms")
             text = f"{name} p99 {p99 if p99 is None else round(p99, 3)} ms"
             parts.append(text if name == base else f"{text} (added {added})")
-        quotients = []
-        for peer_name in (haproxy, l7_peer_of(r["setup"])) if cross else (haproxy,):
-            ratio = added_ratio(r.get("added_p99_ms"), side.get(peer_name, {}).get("added_p99_ms"))
-            if ratio is not None:
-                quotients.append(f"{ratio}x {peer_name}'s")
-        verdict = f": {', '.join(quotients)} added p99" if quotients else ""
         if r["setup"] == ACCEL_SETUP:
             p50, p99 = (_accel_ratio([r], r["load"], key) for key in ("p50_ms", "p99_ms"))
             verdict = f": p50 {p50}x, p99 {p99}x the plain path's ({ACCEL_PEER})"
+        else:
+            quotients = []
+            for peer_name in (haproxy, l7_peer_of(r["setup"])) if cross else (haproxy,):
+                theirs = side.get(peer_name, {}).get("added_p99_ms")
+                ratio = added_ratio(r.get("added_p99_ms"), theirs)
+                if ratio is not None:
+                    quotients.append(f"{ratio}x {peer_name}'s")
+            verdict = f": {', '.join(quotients)} added p99" if quotients else ""
         lines.append(f"side by side at {rate} req/s (1 s turns): {'; '.join(parts)}{verdict}")
     return lines
 
