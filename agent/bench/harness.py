@@ -37,7 +37,7 @@ Rules:
    the loads were not named (`--loads`), only the loads they explain
    (`EXPLAIN_LOADS`): the saturation loads, where the floors and HAProxy's
    L7 peers are compared (agent.bench.report rules 5 and 8) and where the
-   upgrade modes differ. That keeps the full run near 27 minutes; named loads
+   upgrade modes differ. That keeps the full run near 22 minutes (`FULL_DURATION_S`); named loads
    run on every named setup.
 9. Where this process would load the current native build (`agent.native`)
    and `MESHAGENT_NATIVE` does not switch it off, a meshagent setup whose
@@ -131,6 +131,10 @@ ALL_LOADS = (
 PLACEMENTS = ("split", "shared")
 MEMORY_PODS = (1, 10, 50, 100)
 QUICK_MEMORY_PODS = (1, 100)
+# Seconds per load. The full run's 8 s keep it near 22 minutes, well under the 30 the
+# issue allows (10 s took 26.5); `--duration` and `--repeat` buy precision where it counts.
+FULL_DURATION_S = 8.0
+QUICK_DURATION_S = 1.0
 _NOT_QUICK = ("http1-rate-500", "http1-rr", "tcp-reverse", SIDE_PREFIX + "2000")
 QUICK_LOADS = tuple(x for x in ALL_LOADS if x not in _NOT_QUICK)
 # The setups the goals are judged on (the peers, our two capture modes on one and two
@@ -201,7 +205,7 @@ class Options:
     setups: tuple[str, ...] = tuple(setups.SETUPS)
     loads: tuple[str, ...] = ALL_LOADS
     memory_pods: tuple[int, ...] = MEMORY_PODS
-    duration_s: float = 10.0
+    duration_s: float = FULL_DURATION_S
     warmup_s: float = 2.0
     workdir: Path | None = None
     profile_dir: Path | None = None  # `--profile`: workers' cProfile per setup (bench.profile)
@@ -264,7 +268,7 @@ class Options:
             setups=wanted_setups or (QUICK_SETUPS if quick else tuple(setups.SETUPS)),
             loads=run_loads,
             memory_pods=memory,
-            duration_s=duration_s or (1.0 if quick else 10.0),
+            duration_s=duration_s or (QUICK_DURATION_S if quick else FULL_DURATION_S),
             warmup_s=0.3 if quick else 2.0,
             profile_dir=profile_dir,
             interp_dir=interp_dir,
