@@ -70,6 +70,13 @@ Rules:
    `side_notes` says each in one line. With more than one round the document
    keeps every round's rows under `measured`, and each variant its own (the
    sides' numbers per round).
+11. Memory (`memory_summary`): per setup and pod count, RSS and PSS of the
+   supervisor and of its workers, with `workers` and each worker's mean
+   (`per_worker_rss_mb`, `per_worker_pss_mb`). The goal is judged on this
+   machine's node agent (one worker per CPU, the `--workers` default);
+   `memory_notes` says for the largest pod count what the same agent would take
+   with `MEMORY_NOTE_WORKERS` workers (supervisor + that many times a worker), as
+   on a node of that many CPUs.
 """
 
 from __future__ import annotations
@@ -80,6 +87,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+MEMORY_NOTE_WORKERS = (4, 8)  # rule 11: nodes of 4 and 8 CPUs
 LINKERD_SIDECAR_MB = (17.0, 26.0)  # Linkerd proxy memory per meshed pod (brief, Linkerd benchmarks)
 NODE_MEMORY_GOAL_MB = 150.0
 ACCEL_SETUP = "meshagent-ebpf-accel"
@@ -387,8 +395,41 @@ def memory_summary(rows: Sequence[Row]) -> dict[str, Any]:
             },
             "linkerd_sidecars_mb": [round(low * pods, 1), round(high * pods, 1)],
             "goal_mb": NODE_MEMORY_GOAL_MB if pods == 100 else None,
+            **_per_worker(r),
         }
     return out
+
+
+def _per_worker(row: Row) -> dict[str, Any]:
+    """Rule 11: how many workers a memory row measured, and each one's mean."""
+    workers = (row.get("processes") or 0) - 1  # the supervisor and its workers
+    if workers < 1 or row.get("workers_rss_mb") is None:
+        return {}
+    return {
+        "workers": workers,
+        "per_worker_rss_mb": round(row["workers_rss_mb"] / workers, 1),
+        "per_worker_pss_mb": round((row.get("workers_pss_mb") or 0.0) / workers, 1),
+    }
+
+
+def memory_notes(summary: Mapping[str, Any]) -> list[str]:
+    """Rule 11: per setup, at its largest pod count, the node agent with
+    `MEMORY_NOTE_WORKERS` workers."""
+    largest: dict[str, tuple[int, Mapping[str, Any]]] = {}
+    for key, m in summary.items():
+        setup, pods = key.rsplit("@", 1)
+        if "per_worker_rss_mb" in m and int(pods) >= largest.get(setup, (0, {}))[0]:
+            largest[setup] = (int(pods), m)
+    lines = []
+    for setup, (pods, m) in largest.items():
+        sup, one = m["supervisor_rss_mb"], m["per_worker_rss_mb"]
+        more = ", ".join(f"{n}: {sup + n * one:.0f}" for n in MEMORY_NOTE_WORKERS)
+        lines.append(
+            f"memory at {pods} pods ({setup}): supervisor {sup} MB + {m['workers']} workers"
+            f" x {one} MB RSS (PSS {m.get('supervisor_pss_mb')} + {m['per_worker_pss_mb']}"
+            f" each); one worker per CPU by default, so with more workers (MB RSS) {more}"
+        )
+    return lines
 
 
 _MEDIAN_KEYS = (
@@ -593,6 +634,7 @@ def document(
     rows = [dict(r) for r in rows]
     add_latency_over_baseline(rows)
     accel = accel_summary(rows)
+    memory = memory_summary(rows)
     rounds = len(measured) > len(_rounds(measured))  # some setup and load ran twice
     return {
         **({"measured": [dict(r) for r in measured]} if rounds else {}),
@@ -600,9 +642,9 @@ def document(
         "results": rows,
         "ratios": ratios(rows),
         "ratios_paired": paired_ratios(measured),
-        "memory": memory_summary(rows),
+        "memory": memory,
         "accel": accel,
-        "notes": [*notes, *accel_notes(accel), *side_notes(rows)],
+        "notes": [*notes, *accel_notes(accel), *side_notes(rows), *memory_notes(memory)],
     }
 
 

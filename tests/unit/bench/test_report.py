@@ -147,6 +147,37 @@ def test_memory_summary_sets_linkerd_sidecars_times_pods_and_the_goal_at_100():
     assert mem["goal_mb"] == report.NODE_MEMORY_GOAL_MB
 
 
+def _memory_row(pods, *, supervisor, workers, per_worker):
+    return {
+        "setup": "meshagent-ebpf", "load": f"memory-{pods}",
+        "rss_mb": supervisor + workers * per_worker, "pss_mb": 60.0,
+        "supervisor_rss_mb": supervisor, "supervisor_pss_mb": 50.0,
+        "workers_rss_mb": workers * per_worker, "workers_pss_mb": workers * 20.0,
+        "processes": 1 + workers,
+    }  # fmt: skip
+
+
+def test_memory_summary_gives_each_workers_mean_and_the_note_the_largest_pod_count():
+    rows = [
+        _memory_row(1, supervisor=70.0, workers=2, per_worker=30.0),
+        _memory_row(100, supervisor=76.0, workers=2, per_worker=33.5),
+    ]
+    doc = report.document({}, rows, [])
+    mem = doc["memory"]["meshagent-ebpf@100"]
+    assert (mem["workers"], mem["per_worker_rss_mb"], mem["per_worker_pss_mb"]) == (2, 33.5, 20.0)
+    (note,) = [n for n in doc["notes"] if n.startswith("memory at")]
+    assert note.startswith("memory at 100 pods (meshagent-ebpf): supervisor 76.0 MB + 2 workers")
+    assert note.endswith("4: 210, 8: 344")  # 76 + 4 x 33.5, 76 + 8 x 33.5
+
+
+def test_memory_summary_without_process_counts_has_no_per_worker_figures_nor_note():
+    row = _memory_row(100, supervisor=76.0, workers=2, per_worker=33.5)
+    del row["processes"]
+    doc = report.document({}, [row], [])
+    assert "per_worker_rss_mb" not in doc["memory"]["meshagent-ebpf@100"]
+    assert not [n for n in doc["notes"] if n.startswith("memory at")]
+
+
 def test_table_rows_blank_missing_values_and_show_errors():
     doc = report.document({}, [*_rows(), {"setup": "x", "load": "*", "error": "boom"}], [])
     rows = report.table_rows(doc)
