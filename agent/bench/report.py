@@ -417,9 +417,9 @@ def memory_notes(summary: Mapping[str, Any]) -> list[str]:
     `MEMORY_NOTE_WORKERS` workers."""
     largest: dict[str, tuple[int, Mapping[str, Any]]] = {}
     for key, m in summary.items():
-        setup, pods = key.rsplit("@", 1)
-        if "per_worker_rss_mb" in m and int(pods) >= largest.get(setup, (0, {}))[0]:
-            largest[setup] = (int(pods), m)
+        setup, count = key.rsplit("@", 1)
+        if "per_worker_rss_mb" in m and int(count) >= largest.get(setup, (0, {}))[0]:
+            largest[setup] = (int(count), m)
     lines = []
     for setup, (pods, m) in largest.items():
         sup, one = m["supervisor_rss_mb"], m["per_worker_rss_mb"]
