@@ -405,10 +405,11 @@ def _per_worker(row: Row) -> dict[str, Any]:
     workers = (row.get("processes") or 0) - 1  # the supervisor and its workers
     if workers < 1 or row.get("workers_rss_mb") is None:
         return {}
+    pss = row.get("workers_pss_mb")
     return {
         "workers": workers,
         "per_worker_rss_mb": round(row["workers_rss_mb"] / workers, 1),
-        "per_worker_pss_mb": round((row.get("workers_pss_mb") or 0.0) / workers, 1),
+        "per_worker_pss_mb": None if pss is None else round(pss / workers, 1),
     }
 
 
