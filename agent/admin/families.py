@@ -278,6 +278,14 @@ _DATA_PATH: tuple[Family, ...] = (
         merge=Merge.MAX,
     ),
     _family(
+        "meshagent_worker_last_report_timestamp_seconds",
+        G,
+        "When the worker took the metrics snapshot it last reported (Unix time): every "
+        "count it serves was made before then",
+        WORKER_LABELS,
+        merge=Merge.MAX,
+    ),
+    _family(
         "meshagent_metrics_series_dropped_total",
         C,
         "Increments lost because a worker reached its series limit",

@@ -508,6 +508,13 @@ class WorkerMetrics:
         gauge = self.gauge("meshagent_event_loop_lag_seconds", self._worker_labels)
         gauge.value = seconds
 
+    def set_reported(self, unix_s: float) -> None:
+        """Stamp the snapshot about to be reported with the Unix time it is taken
+        (`meshagent_worker_last_report_timestamp_seconds`): a reader that needs every
+        count made before a moment waits for a stamp past it."""
+        gauge = self.gauge("meshagent_worker_last_report_timestamp_seconds", self._worker_labels)
+        gauge.value = unix_s
+
     # --- generic cells -----------------------------------------------------
 
     def counter(self, family: str, labels: Labels) -> Counter:

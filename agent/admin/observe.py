@@ -27,7 +27,10 @@ Rules:
    it resolved while the observer's `gen` is the one it resolved in.
    Nothing here raises into the data path: a failure is logged once per
    kind and the event dropped.
-5. Reports: a `Metrics` snapshot every `REPORT_S` and at drain. Tap: only
+5. Reports: a `Metrics` snapshot every `REPORT_S` and at drain, stamped with the
+   wall-clock time it was taken (`meshagent_worker_last_report_timestamp_seconds`):
+   a reader waits for every worker's stamp to pass a moment to hold every count
+   made before it (the bench's settle, `agent.bench.mesh`). Tap: only
    while the supervisor's `("tap",)` state names the pod (or "*"), responses
    become events in a bounded ring (`agent.admin.tapping`; the oldest are
    dropped and counted), flushed as `TapEvents` `TAP_FLUSH_S` after the first
@@ -355,6 +358,7 @@ class Observer(Tapping):
         """Send the current snapshot (and queued tap events) to the supervisor."""
         self.forget_departed()
         self.update_balancers()
+        self.m.set_reported(time.time())
         self.worker.send(ch.Metrics(worker_id=self.worker.worker_id, snapshot=self.m.snapshot()))
         self.flush_tap()
 

@@ -442,9 +442,9 @@ def _side_load(
     with the warm-up's)."""
     rate = int(load.removeprefix(SIDE_PREFIX))
     with _side_peers(topo, target) as others:
-        before = _agents_counted(target)
+        before = _agents_counted(target, time.time())
         got = loads.http1_side([*others, target], rate, opts.duration_s, opts.warmup_s)
-        after = _agents_counted(target)
+        after = _agents_counted(target, time.time())
     mine = got[target.setup]
     side = {peer.setup: _rates(got[peer.setup]) for peer in others}
     # the node agents count the mesh's paths' requests only: the setup's own and
@@ -461,11 +461,12 @@ def _side_load(
     }
 
 
-def _agents_counted(target: Target) -> tuple[int, int]:
-    """The requests `target`'s node agents counted so far, outbound and inbound, once
-    every worker has reported (workers report both directions at once)."""
-    outbound = sum(a.requests_settled() for a in target.agents)
-    return outbound, sum(a.requests_counted("inbound") for a in target.agents)
+def _agents_counted(target: Target, since: float) -> tuple[int, int]:
+    """The requests `target`'s node agents counted, outbound and inbound, once every
+    worker has reported a snapshot taken after `since` (Unix time): every request
+    answered before then."""
+    counts = [a.requests_settled(since) for a in target.agents]
+    return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
 
 def _one_load(target: Target, load: str, opts: Options) -> loads.Measured:

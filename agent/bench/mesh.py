@@ -54,6 +54,9 @@ INJECT = {"linkerd.io/inject": "enabled"}
 _UID_NS = uuid.UUID("0b7c1f52-8f0e-4c4e-9d0b-6a3e5b1c2d47")
 READY_S = 60.0
 REPORT_S = 1.0  # agent.admin.observe.REPORT_S: how often a worker reports its metrics
+SETTLE_REPORTS = 5  # `requests_settled` gives up after this many report periods
+SETTLE_POLL_S = 0.05
+STAMP = "meshagent_worker_last_report_timestamp_seconds"  # agent.admin.observe rule 5
 WRAPPED_READY_S = 900.0  # wrapped workers (agent.bench.callgrind) start far slower
 
 
@@ -239,13 +242,7 @@ class NodeAgent:
         Raises:
             MeshError: its admin server did not answer with metrics.
         """
-        return int(
-            sum(
-                value
-                for (name, labels), value in self._samples().items()
-                if name == "request_total" and ("direction", direction) in labels
-            )
-        )
+        return counted(self._samples(), direction)
 
     def target_ports(self) -> set[int]:
         """The ports of the pods' servers it has proxied connections to so far (the
@@ -262,22 +259,29 @@ class NodeAgent:
             if key == "target_port" and value.isdigit()
         }
 
-    def requests_settled(self, direction: str = "outbound", tries: int = 5) -> int:
-        """`requests_counted` once every worker has reported what it counted: workers
-        report every `REPORT_S` (agent.admin.observe rule 5), so two reads that far
-        apart that agree (or the last of `tries`).
+    def requests_settled(self, since: float) -> tuple[int, int]:
+        """The HTTP requests it counted, outbound and inbound, once every worker has
+        reported a snapshot taken at `since` (Unix time) or later (`settled`): each
+        request answered before `since` is in them. Workers report every `REPORT_S`
+        (agent.admin.observe rule 5), so this takes up to that long.
 
         Raises:
-            MeshError: its admin server did not answer with metrics.
+            MeshError: its admin server did not answer with metrics, or a worker's
+                report did not come within `SETTLE_REPORTS` report periods.
         """
-        last = self.requests_counted(direction)
-        for _ in range(tries):
-            time.sleep(REPORT_S + 0.1)
-            now = self.requests_counted(direction)
-            if now == last:
-                break
-            last = now
-        return last
+        deadline = time.monotonic() + SETTLE_REPORTS * REPORT_S
+        while True:
+            samples = self._samples()
+            if settled(samples, since):
+                return counted(samples, "outbound"), counted(samples, "inbound")
+            if time.monotonic() > deadline:
+                stamps = _stamps(samples)
+                raise MeshError(
+                    self.name,
+                    f"workers' reports not past {since:.3f} after {SETTLE_REPORTS} report "
+                    f"periods: {stamps}",
+                )
+            time.sleep(SETTLE_POLL_S)
 
     def worker_pids(self) -> list[int]:
         import psutil  # noqa: PLC0415
@@ -467,6 +471,37 @@ def _wait_ready(agent: NodeAgent, name: str) -> None:
             why = "exited" if agent.proc.poll() is not None else f"not ready after {within}s"
             raise MeshError(f"node agent {name}", f"{why}: {_tail(agent.log)}")
         time.sleep(0.1)
+
+
+def counted(samples: dict[Key, float], direction: str) -> int:
+    """The HTTP requests a scrape's `request_total` counts in `direction`."""
+    return int(
+        sum(
+            value
+            for (name, labels), value in samples.items()
+            if name == "request_total" and ("direction", direction) in labels
+        )
+    )
+
+
+def _stamps(samples: dict[Key, float]) -> dict[str, float]:
+    """worker -> when the snapshot it last reported was taken."""
+    return {
+        dict(labels).get("worker", "?"): value
+        for (name, labels), value in samples.items()
+        if name == STAMP
+    }
+
+
+def settled(samples: dict[Key, float], since: float) -> bool:
+    """Whether a scrape holds every count its workers made before `since`: as many
+    workers stamped as the agent wants (`meshagent_workers{state="desired"}`), each
+    stamp at `since` or later."""
+    desired = samples.get(("meshagent_workers", (("state", "desired"),)))
+    stamps = _stamps(samples)
+    if desired is None or len(stamps) < desired:
+        return False
+    return all(stamp >= since for stamp in stamps.values())
 
 
 def make_pod(lab: Lab, node: LabNode, role: str, *, ip: str | None = None) -> LabPod:

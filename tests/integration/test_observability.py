@@ -90,6 +90,9 @@ for path in sys.argv[1:]:
 """.replace("HOST", repr(urllib.parse.urlsplit(SVC).hostname))
 
 
+STAMP = "meshagent_worker_last_report_timestamp_seconds"
+
+
 def drive(lp, paths: list[str]) -> list[int]:
     out = lp.run([sys.executable, "-c", DRIVE, *paths], check=True, timeout=60).stdout
     return [int(x) for x in out.split()]
@@ -297,6 +300,27 @@ def test_identical_requests_on_one_connection_are_each_counted(mesh: Mesh) -> No
     assert value(s, "request_total", direction="outbound") == 15
     assert value(s, "response_total", direction="outbound", classification="failure") == 3
     assert value(s, "inbound_http_authz_allow_total", pod="web") == 15
+
+
+def test_a_scrape_whose_workers_reported_after_the_traffic_counts_all_of_it(mesh: Mesh) -> None:
+    """agent.admin.observe rule 5: every worker's stamp past a moment means every count
+    made before that moment is in the scrape (what the bench's settle relies on)."""
+    started = time.time()
+    assert drive(mesh.client, ["/status/200"] * 7) == [200] * 7  # type: ignore[attr-defined]
+    answered = time.time()
+
+    def reported():
+        s = scrape(mesh)
+        stamps = [v for _, v in s.get(STAMP, [])]
+        desired = value(s, "meshagent_workers", state="desired")
+        return s if len(stamps) == desired and min(stamps) >= answered else None
+
+    s = wait_for("every worker reported after the traffic", reported, timeout=5)
+    stamps = {labels["worker"]: v for labels, v in s[STAMP]}
+    assert len(stamps) == value(s, "meshagent_workers", state="desired") >= 1
+    assert all(answered <= v <= time.time() for v in stamps.values()), (started, stamps)
+    assert value(s, "request_total", direction="outbound") == 7
+    assert value(s, "request_total", direction="inbound") == 7
 
 
 def test_counters_never_go_backwards_when_a_worker_is_killed(mesh: Mesh) -> None:

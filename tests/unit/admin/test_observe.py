@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import Any
 
 import pytest
@@ -230,5 +231,43 @@ async def test_a_tap_event_is_sent_soon_after_it_came_and_not_with_the_next_repo
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
+        observer.worker._channel.close()
+        sup.close()
+
+
+async def test_a_report_is_stamped_with_when_its_snapshot_was_taken(
+    observer: Observer, conn: Any
+) -> None:
+    # Rule 5: a reader waiting for a stamp past a moment holds every count made before it.
+    sup_sock, worker_sock = ch.pair()
+    got: list[ch.Message] = []
+    arrived = asyncio.Event()
+
+    def on_message(msg: ch.Message) -> None:
+        got.append(msg)
+        arrived.set()
+
+    sup = ch.Channel(sup_sock, on_message=on_message, on_closed=arrived.set, name="sup")
+    sup.start()
+    observer.worker._channel = ch.Channel(
+        worker_sock, on_message=lambda _: None, on_closed=lambda: None, name="worker"
+    )
+    try:
+        observer.bind_http("inbound", dict(LABELS)).exchange(200, 0.001, False)
+        before = time.time()
+        observer.report()
+        after = time.time()
+        async with asyncio.timeout(5 * REPORT_S):
+            while not got:
+                arrived.clear()
+                await arrived.wait()
+        [msg] = got
+        assert isinstance(msg, ch.Metrics)
+        families = msg.snapshot.families
+        [stamp] = families["meshagent_worker_last_report_timestamp_seconds"].items()
+        assert dict(stamp[0]) == {"process": "worker", "worker": "0"}
+        assert before <= stamp[1] <= after
+        assert list(families["request_total"].values()) == [1]
+    finally:
         observer.worker._channel.close()
         sup.close()

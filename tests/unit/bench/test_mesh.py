@@ -52,3 +52,32 @@ def test_the_bench_waits_as_long_as_a_worker_takes_to_report_its_counts():
     from agent.admin import observe  # noqa: PLC0415
 
     assert mesh.REPORT_S == observe.REPORT_S
+
+
+def _scrape(stamps: dict[str, float], desired: int | None) -> dict:
+    from agent.admin import stat  # noqa: PLC0415
+
+    lines = [
+        'request_total{direction="outbound",pod="cli"} 7',
+        'request_total{direction="outbound",pod="cli2"} 5',
+        'request_total{direction="inbound",pod="srv"} 11',
+    ]
+    lines += [f'{mesh.STAMP}{{process="worker",worker="{w}"}} {t}' for w, t in stamps.items()]
+    if desired is not None:
+        lines.append(f'meshagent_workers{{state="desired"}} {desired}')
+    return stat.parse("\n".join(lines) + "\n", 0.0).samples
+
+
+def test_a_scrape_is_settled_once_every_wanted_worker_reported_after_the_moment():
+    assert mesh.settled(_scrape({"0": 100.5, "1": 100.2}, 2), 100.0)
+    assert mesh.settled(_scrape({"0": 100.0, "1": 101.0}, 2), 100.0)  # at the moment counts
+    assert not mesh.settled(_scrape({"0": 100.5, "1": 99.9}, 2), 100.0)  # one is older
+    assert not mesh.settled(_scrape({"0": 100.5}, 2), 100.0)  # one never reported
+    assert not mesh.settled(_scrape({"0": 100.5, "1": 100.2}, None), 100.0)  # not the agent's
+
+
+def test_counted_sums_one_direction_of_a_scrape():
+    samples = _scrape({}, 1)
+    assert mesh.counted(samples, "outbound") == 12
+    assert mesh.counted(samples, "inbound") == 11
+    assert mesh.counted(samples, "sideways") == 0
