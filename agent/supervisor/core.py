@@ -159,7 +159,7 @@ class Supervisor:
                 pin=s.cpu_placement in {"pin", "bind"},
                 steer=s.cpu_placement != "bind",
             ),
-            on_need=self.targets.need,
+            on_need=self._on_need,
             on_stats=self._on_stats,
             on_metrics=self._on_metrics,
             on_tap=self._on_tap,
@@ -312,6 +312,13 @@ class Supervisor:
         """One pass of `reconcile.plan` over desired and enrolled pods."""
         await self.pods.reconcile_once()
         self._update_gauges()
+
+    def _on_need(self, worker_id: int, need: ch.Need) -> None:
+        """A worker waits for a value: a port's policy (enroll rule 5) or a destination."""
+        if need.kind == state.POLICY:
+            self.pods.need_policy(need.key)
+        else:
+            self.targets.need(worker_id, need)
 
     # --- control plane -> workers ----------------------------------------------------
 

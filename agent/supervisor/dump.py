@@ -94,7 +94,7 @@ def _policies_dump(sup: Supervisor) -> dict[str, Any]:
     """`ns/pod:port` -> the inbound policy the agent holds (None: no answer yet)."""
     out: dict[str, Any] = {}
     for e in sup.pods.enrolled.values():
-        for key in sorted(e.policy_keys, key=lambda k: k.port):
+        for key in sorted(e.policy_keys | e.asked_keys, key=lambda k: k.port):
             out[f"{key.ns}/{key.pod}:{key.port}"] = sup.cache.policy(key)
     return out
 

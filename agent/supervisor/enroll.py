@@ -15,7 +15,8 @@ over the desired pods and the enrolled ones. Per meshed pod on this node
     6. acquire its service account in the `IdentityManager` (Certify with a
        token minted from the control plane's identity dir: manifests mode has
        no API server to issue tokens, `agent.control.tokens.minting_source`),
-    7. WatchPort each container port -> `("policy", key, port)`.
+    7. WatchPort each container port -> `("policy", key, port)`; any other port
+       once a worker asks for its policy (`need_policy`, rule 5).
 `Update` re-enrolls the redirect with the new spec (and moves the identity
 when the service account changed). `Unenroll` undoes it all: listeners removed
 (connections get the grace), redirect unenrolled, state deleted, identity
@@ -32,6 +33,12 @@ Rules:
    (`choose_mode`, `make_redirector`); the pool, the client, the identity
    manager and the embedded control plane arrive through `attach`
    (`Supervisor.start`), before any step runs.
+5. A port the pod does not declare has a policy too (a Server may select it by
+   number, the pod's default applies otherwise), as Linkerd's proxies discover
+   it for any port they see traffic on: a worker's `Need` for it starts its
+   WatchPort, kept while the pod stays enrolled, for at most `MAX_ASKED_PORTS`
+   ports per pod (past that the node's default applies, after the worker's
+   wait).
 """
 
 from __future__ import annotations
@@ -69,6 +76,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ENV_BPF_PIN_ROOT = "MESHAGENT_BPF_PIN_ROOT"
+MAX_ASKED_PORTS = 64  # rule 5: undeclared ports whose policy one pod follows
+
+
+def policy_need(key: object) -> tuple[str, int] | None:
+    """The pod key and port of a worker's policy `Need` key (`("policy", "ns/pod",
+    port)`), or None for anything else."""
+    if not (isinstance(key, tuple) and len(key) == 3 and key[0] == state.POLICY):
+        return None
+    _, pod, port = key
+    if not isinstance(pod, str) or not isinstance(port, int) or isinstance(port, bool):
+        return None
+    return (pod, port) if 0 < port < 65536 else None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -80,7 +99,8 @@ class Enrolled:
     net: discover.PodNetwork
     identity: str
     listener_ids: tuple[str, ...]
-    policy_keys: set[PolicyKey] = field(default_factory=set)
+    policy_keys: set[PolicyKey] = field(default_factory=set)  # its declared ports'
+    asked_keys: set[PolicyKey] = field(default_factory=set)  # others', asked for (rule 5)
 
 
 class Enrollments:
@@ -249,8 +269,36 @@ class Enrollments:
         for key in e.policy_keys - want:
             self.client.unwatch(key)
         for key in want - e.policy_keys:
-            self.client.watch_policy(key.ns, key.pod, key.port)
+            if key in e.asked_keys:  # followed already: now a declared port's
+                e.asked_keys.discard(key)
+            else:
+                self.client.watch_policy(key.ns, key.pod, key.port)
         e.policy_keys = want
+
+    def need_policy(self, key: object) -> None:
+        """A worker waits for the policy of a port: follow it if the pod is enrolled and
+        does not declare it (rule 5); a followed port's answer reaches every worker as
+        it changes."""
+        assert self.client is not None  # noqa: S101 - set by attach()
+        parsed = policy_need(key)
+        e = self.enrolled.get(parsed[0]) if parsed is not None else None
+        if parsed is None or e is None:
+            logger.debug("policy need ignored", extra={"key": repr(key)})
+            return
+        pk = PolicyKey(e.pod.namespace, e.pod.name, parsed[1])
+        if pk in e.policy_keys or pk in e.asked_keys:
+            return
+        if len(e.asked_keys) >= MAX_ASKED_PORTS:
+            logger.warning(
+                "too many undeclared ports asked for, the node's default policy applies",
+                extra={"pod": e.pod.key, "port": pk.port, "limit": MAX_ASKED_PORTS},
+            )
+            return
+        e.asked_keys.add(pk)
+        self.client.watch_policy(pk.ns, pk.pod, pk.port)
+        logger.info(
+            "following the policy of an undeclared port", extra={"pod": e.pod.key, "port": pk.port}
+        )
 
     async def _update(self, old: PodSpec, new: PodSpec) -> None:
         assert self.identity is not None  # noqa: S101 - set by attach()
@@ -275,7 +323,7 @@ class Enrollments:
             return
         for lid in e.listener_ids:
             self.pool.remove_listener(lid, drain_s=self.settings.grace)
-        for key in e.policy_keys:
+        for key in e.policy_keys | e.asked_keys:
             self.client.unwatch(key)
         self.pool.broadcast(ch.StateDelete(key=(state.POD, pod.key)))
         self.pool.broadcast(ch.StateDelete(key=(state.POD_IP, pod.ip)))

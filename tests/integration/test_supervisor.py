@@ -617,6 +617,58 @@ def test_workers_serve_the_connections_made_on_their_cpus(mesh: Mesh) -> None:
     _echo_hello(a, b.ip).close()  # still served (it checks the echo), by hash
 
 
+ECHO_SERVER_DENY = """\
+apiVersion: policy.linkerd.io/v1beta3
+kind: Server
+metadata: {name: echo-raw, namespace: shop}
+spec:
+  podSelector: {matchLabels: {app: echo}}
+  port: 9000
+  proxyProtocol: opaque
+  accessPolicy: deny
+"""
+
+
+def _echoed(a, ip: str) -> bool:
+    """Whether a connection from pod `a` to `ip`:9000 gets its bytes echoed (False: the
+    proxy closed or reset it)."""
+    try:
+        return _echo_once(a, ip)
+    except OSError:
+        return False
+
+
+def test_a_server_on_a_port_the_pod_does_not_declare_is_followed_and_enforced(
+    mesh: Mesh,
+) -> None:
+    """enroll rule 5: the echo pod declares only APP_PORT; a Server selecting its port
+    9000 by number denies, and when the Server goes the pod's default allows again."""
+    a = mesh.pod("client", server=False)
+    b = mesh.pod("echo", server=False)
+    b.spawn([sys.executable, "-c", ECHO_SERVER])
+    server = mesh.manifests / "server-echo.yaml"
+    server.write_text(ECHO_SERVER_DENY)
+    mesh.start()
+    mesh.wait_ready()
+    policy = "shop/echo:9000"
+
+    def followed():
+        return mesh.dump()["policies"].get(policy)
+
+    assert not _echoed(a, b.ip)  # the first waits for the answer, and is denied by it
+    held = wait_for("the policy of port 9000", followed, timeout=10)
+    assert held["meta"] == {"group": "policy.linkerd.io", "kind": "server", "name": "echo-raw"}
+    assert held["protocol"] == "opaque"
+    # deny: only Linkerd's implicit localhost authorization, no client of another pod
+    assert [z["meta"]["name"] for z in held["authorizations"]] == ["localhost"]
+    assert not _echoed(a, b.ip)
+    streams = {s["target"] for s in mesh.dump()["streams"] if s["kind"] == "policy"}
+    assert any("9000" in t for t in streams), streams
+    server.unlink()  # the control plane's folder poll sees it go: the default applies
+    wait_for("port 9000 allowed again", lambda: _echoed(a, b.ip) or None, timeout=15)
+    assert mesh.stop() == 0
+
+
 def _echo_once(a, ip: str) -> bool:
     from agent.redirect import netns  # noqa: PLC0415
 
