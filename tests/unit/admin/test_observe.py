@@ -197,33 +197,51 @@ def test_a_bound_handle_sees_a_tap_start_and_stop_while_its_connection_is_open(
     assert list(_family(observer, "request_total").values()) == [3]
 
 
+class _Supervisor:
+    """The supervisor's end of a worker's channel over a real socketpair: what it got."""
+
+    def __init__(self, observer: Observer) -> None:
+        sup_sock, worker_sock = ch.pair()
+        self.got: list[ch.Message] = []
+        self.arrived = asyncio.Event()
+        self.end = ch.Channel(
+            sup_sock, on_message=self._on_message, on_closed=self.arrived.set, name="sup"
+        )
+        self.end.start()
+        self.worker = observer.worker
+        self.worker._channel = ch.Channel(  # what Worker.run sets up
+            worker_sock, on_message=lambda _: None, on_closed=lambda: None, name="worker"
+        )
+
+    def _on_message(self, msg: ch.Message) -> None:
+        self.got.append(msg)
+        self.arrived.set()
+
+    async def first(self) -> list[ch.Message]:
+        """What came, once something did (within a few report periods)."""
+        async with asyncio.timeout(5 * REPORT_S):
+            while not self.got:
+                self.arrived.clear()
+                await self.arrived.wait()
+        return self.got
+
+    def close(self) -> None:
+        assert self.worker._channel is not None
+        self.worker._channel.close()
+        self.end.close()
+
+
 async def test_a_tap_event_is_sent_soon_after_it_came_and_not_with_the_next_report(
     observer: Observer, conn: Any
 ) -> None:
-    # The worker's channel to a supervisor end, over a real socketpair.
-    sup_sock, worker_sock = ch.pair()
-    got: list[ch.Message] = []
-    arrived = asyncio.Event()
-
-    def on_message(msg: ch.Message) -> None:
-        got.append(msg)
-        arrived.set()
-
-    sup = ch.Channel(sup_sock, on_message=on_message, on_closed=arrived.set, name="sup")
-    sup.start()
-    observer.worker._channel = ch.Channel(  # what Worker.run sets up
-        worker_sock, on_message=lambda _: None, on_closed=lambda: None, name="worker"
-    )
+    sup = _Supervisor(observer)
     conn.peer = ("10.0.0.9", 5555)
     observer.worker.state.apply(ch.StateUpdate(key=(TAP,), value=frozenset({POD_KEY})))
     run = aio.spawn(observer.run(), name="metrics-report")
     try:
         await asyncio.sleep(0)  # run() has started: it times the flushes
         observer.bind_http("inbound", dict(LABELS)).exchange(200, 0.001, False)
-        async with asyncio.timeout(5 * REPORT_S):
-            while not got:
-                arrived.clear()
-                await arrived.wait()
+        got = await sup.first()
         # The event came on its own timer: before the first report's metrics.
         assert [type(m) for m in got] == [ch.TapEvents]
         assert [e["status"] for e in got[0].events] == [200]  # type: ignore[union-attr]
@@ -231,7 +249,6 @@ async def test_a_tap_event_is_sent_soon_after_it_came_and_not_with_the_next_repo
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
-        observer.worker._channel.close()
         sup.close()
 
 
@@ -239,29 +256,13 @@ async def test_a_report_is_stamped_with_when_its_snapshot_was_taken(
     observer: Observer, conn: Any
 ) -> None:
     # Rule 5: a reader waiting for a stamp past a moment holds every count made before it.
-    sup_sock, worker_sock = ch.pair()
-    got: list[ch.Message] = []
-    arrived = asyncio.Event()
-
-    def on_message(msg: ch.Message) -> None:
-        got.append(msg)
-        arrived.set()
-
-    sup = ch.Channel(sup_sock, on_message=on_message, on_closed=arrived.set, name="sup")
-    sup.start()
-    observer.worker._channel = ch.Channel(
-        worker_sock, on_message=lambda _: None, on_closed=lambda: None, name="worker"
-    )
+    sup = _Supervisor(observer)
     try:
         observer.bind_http("inbound", dict(LABELS)).exchange(200, 0.001, False)
         before = time.time()
         observer.report()
         after = time.time()
-        async with asyncio.timeout(5 * REPORT_S):
-            while not got:
-                arrived.clear()
-                await arrived.wait()
-        [msg] = got
+        [msg] = await sup.first()
         assert isinstance(msg, ch.Metrics)
         families = msg.snapshot.families
         [stamp] = families["meshagent_worker_last_report_timestamp_seconds"].items()
@@ -269,5 +270,4 @@ async def test_a_report_is_stamped_with_when_its_snapshot_was_taken(
         assert before <= stamp[1] <= after
         assert list(families["request_total"].values()) == [1]
     finally:
-        observer.worker._channel.close()
         sup.close()
