@@ -236,14 +236,6 @@ class NodeAgent:
             raise MeshError(self.name, f"GET /metrics answered {status}")
         return stat.parse(body.decode(), 0.0).samples
 
-    def requests_counted(self, direction: str = "outbound") -> int:
-        """The HTTP requests its metrics count in `direction` so far (`request_total`).
-
-        Raises:
-            MeshError: its admin server did not answer with metrics.
-        """
-        return counted(self._samples(), direction)
-
     def target_ports(self) -> set[int]:
         """The ports of the pods' servers it has proxied connections to so far (the
         `target_port` of `tcp_open_total`, which inbound series carry).
