@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.admin import stat
+from agent.bench import mesh as bench_mesh
 from agent.pods import discover
 
 
@@ -88,9 +90,6 @@ for path in sys.argv[1:]:
     resp.read()
     print(resp.status)
 """.replace("HOST", repr(urllib.parse.urlsplit(SVC).hostname))
-
-
-STAMP = "meshagent_worker_last_report_timestamp_seconds"
 
 
 def drive(lp, paths: list[str]) -> list[int]:
@@ -304,23 +303,23 @@ def test_identical_requests_on_one_connection_are_each_counted(mesh: Mesh) -> No
 
 def test_a_scrape_whose_workers_reported_after_the_traffic_counts_all_of_it(mesh: Mesh) -> None:
     """agent.admin.observe rule 5: every worker's stamp past a moment means every count
-    made before that moment is in the scrape (what the bench's settle relies on)."""
-    started = time.time()
+    made before that moment is in the scrape; the bench's settle (`agent.bench.mesh.settled`)
+    relies on it."""
     assert drive(mesh.client, ["/status/200"] * 7) == [200] * 7  # type: ignore[attr-defined]
     answered = time.time()
 
     def reported():
-        s = scrape(mesh)
-        stamps = [v for _, v in s.get(STAMP, [])]
-        desired = value(s, "meshagent_workers", state="desired")
-        return s if len(stamps) == desired and min(stamps) >= answered else None
+        status, body = mesh.admin("/metrics")
+        assert status == 200
+        samples = stat.parse(body.decode(), 0.0).samples
+        return samples if bench_mesh.settled(samples, answered) else None
 
-    s = wait_for("every worker reported after the traffic", reported, timeout=5)
-    stamps = {labels["worker"]: v for labels, v in s[STAMP]}
-    assert len(stamps) == value(s, "meshagent_workers", state="desired") >= 1
-    assert all(answered <= v <= time.time() for v in stamps.values()), (started, stamps)
-    assert value(s, "request_total", direction="outbound") == 7
-    assert value(s, "request_total", direction="inbound") == 7
+    samples = wait_for("every worker reported after the traffic", reported, timeout=5)
+    stamps = [v for (name, _), v in samples.items() if name == bench_mesh.STAMP]
+    assert len(stamps) == samples[("meshagent_workers", (("state", "desired"),))] >= 1
+    assert all(answered <= v <= time.time() for v in stamps), stamps
+    assert bench_mesh.counted(samples, "outbound") == 7
+    assert bench_mesh.counted(samples, "inbound") == 7
 
 
 def test_counters_never_go_backwards_when_a_worker_is_killed(mesh: Mesh) -> None:

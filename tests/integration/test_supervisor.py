@@ -25,6 +25,7 @@ import pytest
 
 from agent import native, netlab
 from agent.bench.mesh import free_port
+from agent.control.cache import PolicyKey
 from agent.pods import discover
 
 if TYPE_CHECKING:
@@ -663,8 +664,8 @@ def test_a_server_on_a_port_the_pod_does_not_declare_is_followed_and_enforced(
     assert [z["meta"]["name"] for z in held["authorizations"]] == ["localhost"]
     assert not _echoed(a, b.ip)
     streams = {s["target"] for s in mesh.dump()["streams"] if s["kind"] == "policy"}
-    assert any("9000" in t for t in streams), streams
-    server.unlink()  # the control plane's folder poll sees it go: the default applies
+    assert str(PolicyKey("shop", "echo", 9000)) in streams, streams
+    server.unlink()  # the control plane's folder watch sees it go: the default applies
     wait_for("port 9000 allowed again", lambda: _echoed(a, b.ip) or None, timeout=15)
     assert mesh.stop() == 0
 
