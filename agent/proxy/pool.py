@@ -383,6 +383,16 @@ class WorkerPool:
         return [p.proc.pid for p in self._procs.values() if not p.exited.done()]
 
     @property
+    def serving(self) -> bool:
+        """Whether a live worker's last `Stats` (every `stats_interval_s`) counted an
+        open connection: a coarse busy signal for the supervisor's own timers."""
+        return any(
+            p.stats is not None and p.stats.open_connections > 0
+            for p in self._procs.values()
+            if not p.exited.done()
+        )
+
+    @property
     def workers(self) -> list[WorkerInfo]:
         now = time.monotonic()
         return [

@@ -195,7 +195,10 @@ class Supervisor:
             aio.spawn(self.identity.run(), name="identity"),
             aio.spawn(self._pods_loop(), name="pod-source"),
             aio.spawn(self._reconcile_loop(), name="reconcile"),
-            aio.spawn(measure_loop_lag(self.node_metrics.set_loop_lag), name="loop-lag"),
+            aio.spawn(
+                measure_loop_lag(self.node_metrics.set_loop_lag, busy=self._serving),
+                name="loop-lag",
+            ),
             aio.spawn(self.targets.watch_unanswered(), name="unanswered-targets"),
         ]
         if self.mode is Mode.EBPF and getattr(self.redirector, "accelerate", False):
@@ -358,6 +361,11 @@ class Supervisor:
         )
         self.pool.broadcast(ch.StateUpdate(key=(state.TLS, material.identity), value=value))
         self.node_metrics.set_cert_expiry(material.identity, material.expiry.timestamp())
+
+    def _serving(self) -> bool:
+        """Whether traffic flows: the loop-lag probe's busy test. An idle node's
+        supervisor then wakes once a second for it instead of ten times."""
+        return self.pool is not None and self.pool.serving
 
     def _on_stats(self, stats: ch.Stats) -> None:
         pass  # the pool keeps the latest per worker (`WorkerInfo.stats`)

@@ -214,6 +214,11 @@ async def test_per_worker_listeners_spread_a_burst_of_connections_over_the_worke
     per_worker = {wid: s.open_connections for wid, s in stats.items()}
     assert all(n >= 16 for n in per_worker.values()), per_worker
     assert all(s.listeners == 1 for s in stats.values())
+    assert pool.serving
+    for sock in socks:
+        sock.close()
+    await _stats_until(pool, lambda s: sum(x.open_connections for x in s.values()) == 0)
+    assert not pool.serving  # the supervisor's loop-lag probe naps a whole window again
 
 
 async def test_a_replaced_worker_takes_over_its_slots_socket_and_nothing_queued_is_lost(
