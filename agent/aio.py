@@ -1,8 +1,9 @@
 """asyncio helpers: the one place tasks are started and the loop is chosen.
 
 Rules: start tasks only through `spawn` (or a `TaskSet`'s, for tasks an owner
-waits on or cancels together), which keeps a strong reference until the task
-ends (asyncio keeps only weak ones) and logs a failure; pick uvloop through
+waits on or cancels together, or `at_most`'s, which waits on its own), which
+keeps a strong reference until the task ends (asyncio keeps only weak ones) and
+logs a failure; pick uvloop through
 `new_loop`, falling back to the standard loop where it is missing. One
 exception: a proxy worker's task per accepted connection, which the worker
 references itself and whose coroutine logs its own failures
@@ -92,3 +93,17 @@ async def cancel_and_wait(tasks: list[asyncio.Task[Any]], grace_s: float = 5.0) 
         task.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=grace_s)
+
+
+async def at_most(width: int, coros: list[Coroutine[Any, Any, None]]) -> None:
+    """Run `coros`, at most `width` at a time, every one to its end; then raise the
+    first one's exception, if any (a coroutine handles those it expects itself)."""
+    gate = asyncio.Semaphore(width)
+
+    async def gated(coro: Coroutine[Any, Any, None]) -> None:
+        async with gate:
+            await coro
+
+    for result in await asyncio.gather(*(gated(c) for c in coros), return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result

@@ -27,6 +27,8 @@ from agent import native, netlab
 from agent.bench.mesh import free_port
 from agent.control.cache import PolicyKey
 from agent.pods import discover
+from agent.redirect.registry import Registry
+from agent.supervisor import enroll
 
 if TYPE_CHECKING:
     import socket
@@ -321,6 +323,31 @@ def test_pods_added_and_removed_while_running_are_enrolled_and_unenrolled(mesh: 
     wait_for("rules gone", lambda: "PROXY_INIT_REDIRECT" not in nat_rules(later), timeout=5)
     wait_for("listeners gone", lambda: not ({4140, 4143} & listening(later)), timeout=5)
     assert not (mesh.netns_dir / mesh.pods["later"][0]).exists()
+
+
+def test_a_dozen_pods_enrolled_side_by_side_are_all_captured_and_all_released_at_exit(
+    mesh: Mesh,
+) -> None:
+    """iptables mode enrolls and unenrolls up to `STEP_WIDTH` pods at once
+    (agent.supervisor.enroll rule 6): each pod's rules, listeners, registry entry and
+    netns mount are all there after the start, and all gone after the exit."""
+    assert enroll.STEP_WIDTH > 1
+    names = [f"p{i:02}" for i in range(12)]
+    pods = [mesh.pod(name, server=False) for name in names]
+    mesh.start()
+    mesh.wait_ready()
+    assert mesh.enrolled() == {f"shop/{n}" for n in names}
+    for lp in pods:
+        assert "PROXY_INIT_REDIRECT" in nat_rules(lp), lp.name
+        assert {4140, 4143} <= listening(lp), lp.name
+    assert set(Registry(mesh.registry).load()) == {f"shop/{n}" for n in names}
+    assert len(list(mesh.netns_dir.iterdir())) == len(names)
+    assert mesh.stop() == 0
+    for lp in pods:
+        assert "PROXY_INIT_REDIRECT" not in nat_rules(lp), lp.name
+    assert Registry(mesh.registry).load() == {}
+    assert list(mesh.netns_dir.iterdir()) == []
+    assert "pod step failed" not in mesh.agent_log()
 
 
 def test_a_killed_worker_is_replaced_within_two_seconds(mesh: Mesh) -> None:

@@ -1,15 +1,13 @@
-"""agent.aio: tasks referenced until they end, failures logged."""
+"""agent.aio: tasks referenced until they end, failures logged; `at_most`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+
+import pytest
 
 from agent import aio
-
-if TYPE_CHECKING:
-    import pytest
 
 
 async def _fail() -> None:
@@ -54,3 +52,33 @@ def test_a_cancelled_task_is_not_a_failure(caplog: pytest.LogCaptureFixture) -> 
     with caplog.at_level(logging.ERROR, logger="agent.aio"):
         aio.run(main())
     assert not [r for r in caplog.records if r.message == "task failed"]
+
+
+def test_at_most_runs_every_coroutine_never_more_than_width_at_once() -> None:
+    running, peak, done = 0, 0, []
+
+    async def step(i: int) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        done.append(i)
+
+    aio.run(aio.at_most(3, [step(i) for i in range(10)]))
+    assert sorted(done) == list(range(10))
+    assert peak == 3
+
+
+def test_at_most_finishes_the_others_before_raising_the_first_error() -> None:
+    done = []
+
+    async def step(i: int) -> None:
+        await asyncio.sleep(0.01 * i)
+        if i in (1, 3):
+            raise ValueError(f"step {i}")
+        done.append(i)
+
+    with pytest.raises(ValueError, match="step 1"):
+        aio.run(aio.at_most(2, [step(i) for i in range(6)]))
+    assert done == [0, 2, 4, 5]
