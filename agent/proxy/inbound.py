@@ -28,8 +28,12 @@ Flow per connection (DESIGN.md "Flows", inbound):
 5. Until a port's policy arrives the connection waits up to
    `POLICY_WAIT_S`, then the node's default policy applies
    (`NodeInfo.default_inbound_policy`, Linkerd's `all-unauthenticated` by
-   default); an invalid policy denies. Live TCP connections are re-checked
-   when the policy value changes (agent.proxy.plane rule 3).
+   default); an invalid policy denies. Once one wait has timed out, the next
+   connections to that port get the default at once until the policy arrives
+   (the control plane is down, or the pod has more undeclared ports than the
+   supervisor follows): the same decision, without a second's wait each. Live
+   TCP connections are re-checked when the policy value changes
+   (agent.proxy.plane rule 3).
 
 The same-node path of outbound uses `authorize_http`, `app_target` and
 `relay_to_app` with the calling pod's identity (tls=True, authenticated).
@@ -119,9 +123,12 @@ def policy_from(worker: Worker, value: object) -> ServerPolicy:
 
 
 async def current_policy(worker: Worker, key: Hashable) -> ServerPolicy:
-    """The policy at `key`, waiting `POLICY_WAIT_S` for a first answer, else the default."""
+    """The policy at `key`, waiting `POLICY_WAIT_S` for a first answer, else the default
+    (at once if a wait for it timed out before and nothing came since: rule 5)."""
     value = worker.state.get(key)
     if value is None:
+        if worker.state.unanswered(key):  # rule 5: waited once already
+            return default_policy(worker)
         try:
             value = await worker.state.want(key, kind=POLICY, wait_s=POLICY_WAIT_S)
         except TimeoutError:

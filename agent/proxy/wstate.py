@@ -24,6 +24,7 @@ class WorkerState:
         self._values: dict[Hashable, Any] = {}
         self._waiters: dict[Hashable, list[asyncio.Future[Any]]] = {}
         self._asked: set[Hashable] = set()
+        self._unanswered: set[Hashable] = set()  # a `want` of it timed out; no value since
         self._ask = ask
 
     def __contains__(self, key: Hashable) -> bool:
@@ -41,6 +42,7 @@ class WorkerState:
     def apply(self, msg: ch.StateUpdate | ch.StateDelete) -> None:
         """Apply one update from the supervisor; wake `want`ers of that key."""
         self.generation += 1
+        self._unanswered.discard(msg.key)
         if isinstance(msg, ch.StateDelete):
             self._values.pop(msg.key, None)
             return
@@ -49,6 +51,11 @@ class WorkerState:
         for fut in self._waiters.pop(msg.key, ()):
             if not fut.done():
                 fut.set_result(msg.value)
+
+    def unanswered(self, key: Hashable) -> bool:
+        """Whether a `want` of `key` timed out and no update or delete of it came since:
+        a caller with a fallback may use it at once instead of waiting again."""
+        return key in self._unanswered
 
     async def want(self, key: Hashable, *, kind: str, wait_s: float) -> Any:
         """The value of `key`, asking the supervisor once (`Need(kind, key)`) if absent.
@@ -66,6 +73,9 @@ class WorkerState:
         try:
             async with asyncio.timeout(wait_s):
                 return await fut
+        except TimeoutError:
+            self._unanswered.add(key)
+            raise
         finally:
             waiters = self._waiters.get(key)
             if waiters and fut in waiters:

@@ -37,8 +37,8 @@ Rules:
    number, the pod's default applies otherwise), as Linkerd's proxies discover
    it for any port they see traffic on: a worker's `Need` for it starts its
    WatchPort, kept while the pod stays enrolled, for at most `MAX_ASKED_PORTS`
-   ports per pod (past that the node's default applies, after the worker's
-   wait).
+   ports per pod (past that the node's default applies, after one wait per
+   worker and port: agent.proxy.inbound rule 5).
 6. In iptables mode the steps of one group of the plan (its unenrolls, its
    updates, its enrolls: `agent.pods.reconcile` rule 4, groups in that order)
    run up to `STEP_WIDTH` at a time, and so do the unenrolls at exit: each step

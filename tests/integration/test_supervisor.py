@@ -27,6 +27,7 @@ from agent import native, netlab
 from agent.bench.mesh import free_port
 from agent.control.cache import PolicyKey
 from agent.pods import discover
+from agent.proxy.inbound import POLICY_WAIT_S
 from agent.redirect.registry import Registry
 from agent.supervisor import enroll
 
@@ -475,6 +476,31 @@ def test_unknown_ip_is_forwarded_at_once_when_its_profile_stream_fails(mesh: Mes
     assert took < 1.5, took  # the worker waits 2 s for an answer that never comes otherwise
     assert mesh.dump()["destinations"][target]["exists"] is False
     assert curl(a, f"http://{target}/") == "200"
+
+
+def test_with_no_control_plane_each_worker_waits_once_for_a_ports_policy(mesh: Mesh) -> None:
+    """inbound rule 5: a port whose policy never comes (no control plane at all) costs one
+    wait of `POLICY_WAIT_S` per worker; the next connections get the node's default at
+    once (before, every one waited the second)."""
+    a = mesh.pod("client", server=False)
+    b = mesh.pod("web")
+    dead = free_port()
+    mesh.start(
+        "--identity-addr",
+        f"127.0.0.1:{dead}",
+        "--policy-addr",
+        f"127.0.0.1:{dead}",
+        control_plane=f"127.0.0.1:{dead}",
+    )
+    wait_for("enrolled", lambda: mesh.enrolled() == {"shop/client", "shop/web"})
+    took = []
+    for _ in range(6):
+        t0 = time.monotonic()
+        assert curl(a, f"http://{b.ip}:{APP_PORT}/") == "200"  # the default: all-unauthenticated
+        took.append(time.monotonic() - t0)
+    waited = [t for t in took if t >= POLICY_WAIT_S]
+    assert 1 <= len(waited) <= 2, took  # --workers 2: at most one wait each
+    assert mesh.dump()["policies"].get(f"shop/web:{APP_PORT}") is None  # nothing ever came
 
 
 def ss_owner_by_port(lp, port: int) -> dict[int, int]:

@@ -5,6 +5,7 @@ when the per-connection cache or the last-head memo would answer."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import ssl
 from types import SimpleNamespace
@@ -26,7 +27,16 @@ from agent.policy.model import (
 from agent.proxy import channel as ch
 from agent.proxy import h1msg, http1, record
 from agent.proxy.detect import NEED_MORE
-from agent.proxy.inbound import _PLAIN, AuthzCache, _sniff_tls, authorize_http, deny_answer, path_of
+from agent.proxy.inbound import (
+    _PLAIN,
+    AuthzCache,
+    _sniff_tls,
+    authorize_http,
+    current_policy,
+    deny_answer,
+    path_of,
+)
+from agent.proxy.state import NodeInfo
 from agent.proxy.wstate import WorkerState
 
 
@@ -229,3 +239,24 @@ def test_the_verified_identity_is_what_a_mesh_only_policy_admits(worker, counted
     facts = {**FACTS, "identity": WEB, "tls": True}
     assert authorize_http(worker, KEY, b"GET", b"/items/1", **facts)[0].allowed
     assert not authorize_http(worker, KEY, b"GET", b"/items/1", **FACTS)[0].allowed
+
+
+def test_a_port_whose_policy_wait_timed_out_gets_the_nodes_default_at_once_until_it_comes():
+    """inbound rule 5: one connection waits (here a short `want` stands in for its
+    `POLICY_WAIT_S`); the next ones take the node's default without waiting, until the
+    policy arrives."""
+    key = ("policy", "shop/web", 9000)
+    w = SimpleNamespace(state=WorkerState(lambda _need: None))
+    w.state.apply(
+        ch.StateUpdate(key=("node",), value=NodeInfo(name="n", default_inbound_policy="deny"))
+    )
+
+    async def scenario() -> None:
+        with pytest.raises(TimeoutError):
+            await w.state.want(key, kind="policy", wait_s=0.01)
+        got = await asyncio.wait_for(current_policy(w, key), 0.2)  # POLICY_WAIT_S is 1 s
+        assert got == ServerPolicy.default("deny")
+        w.state.apply(ch.StateUpdate(key=key, value=OPEN))
+        assert await asyncio.wait_for(current_policy(w, key), 0.2) is OPEN
+
+    asyncio.run(scenario())
