@@ -85,7 +85,7 @@ logger = logging.getLogger(__name__)
 
 ENV_BPF_PIN_ROOT = "MESHAGENT_BPF_PIN_ROOT"
 MAX_ASKED_PORTS = 64  # rule 5: undeclared ports whose policy one pod follows
-STEP_WIDTH = 8  # rule 6: pods enrolled or unenrolled at once in iptables mode
+STEP_WIDTH = 4  # rule 6: pods enrolled or unenrolled at once in iptables mode
 
 
 def policy_need(key: object) -> tuple[str, int] | None:
