@@ -187,6 +187,17 @@ class Mesh:
             argv, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
 
+    def start_without_control_plane(self) -> None:
+        """`start` with every control-plane address a port nothing listens on."""
+        dead = free_port()
+        self.start(
+            "--identity-addr",
+            f"127.0.0.1:{dead}",
+            "--policy-addr",
+            f"127.0.0.1:{dead}",
+            control_plane=f"127.0.0.1:{dead}",
+        )
+
     def admin(self, path: str) -> tuple[int, bytes]:
         return http_get(f"http://127.0.0.1:{self.admin_port}{path}")
 
@@ -460,14 +471,7 @@ def test_unknown_ip_is_forwarded_at_once_when_its_profile_stream_fails(mesh: Mes
     the worker forwards to the original destination without waiting out its 2 s."""
     a = mesh.pod("client", server=False)
     outsider = mesh.pod("outsider", manifest=False)  # not meshed, not a service
-    dead = free_port()
-    mesh.start(
-        "--identity-addr",
-        f"127.0.0.1:{dead}",
-        "--policy-addr",
-        f"127.0.0.1:{dead}",
-        control_plane=f"127.0.0.1:{dead}",
-    )
+    mesh.start_without_control_plane()
     wait_for("enrolled", lambda: mesh.enrolled() == {"shop/client"})
     target = f"{outsider.ip}:{APP_PORT}"
     t0 = time.monotonic()
@@ -484,14 +488,7 @@ def test_with_no_control_plane_each_worker_waits_once_for_a_ports_policy(mesh: M
     once (before, every one waited the second)."""
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
-    dead = free_port()
-    mesh.start(
-        "--identity-addr",
-        f"127.0.0.1:{dead}",
-        "--policy-addr",
-        f"127.0.0.1:{dead}",
-        control_plane=f"127.0.0.1:{dead}",
-    )
+    mesh.start_without_control_plane()
     wait_for("enrolled", lambda: mesh.enrolled() == {"shop/client", "shop/web"})
     took = []
     for _ in range(6):
