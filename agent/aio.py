@@ -3,11 +3,10 @@
 Rules: start tasks only through `spawn` (or a `TaskSet`'s, for tasks an owner
 waits on or cancels together, or `at_most`'s, which waits on its own), which
 keeps a strong reference until the task ends (asyncio keeps only weak ones) and
-logs a failure; pick uvloop through
-`new_loop`, falling back to the standard loop where it is missing. One
-exception: a proxy worker's task per accepted connection, which the worker
-references itself and whose coroutine logs its own failures
-(agent.proxy.worker rule 2).
+logs a failure; pick uvloop through `new_loop`, falling back to the standard
+loop where it is missing. One exception: a proxy worker's task per accepted
+connection, which the worker references itself and whose coroutine logs its own
+failures (agent.proxy.worker rule 2).
 """
 
 from __future__ import annotations

@@ -43,9 +43,9 @@ Rules:
    updates, its enrolls: `agent.pods.reconcile` rule 4, groups in that order)
    run up to `STEP_WIDTH` at a time, and so do the unenrolls at exit: each step
    touches only its own pod's netns, mount and registry entry (the registry
-   takes a file lock, `iptables-restore -w` the xtables lock), and a node of 100
-   pods then starts and stops in a third of the time. eBPF mode keeps one step at
-   a time: its steps share one loaded object and its maps.
+   takes a file lock, `iptables-restore -w` the xtables lock): the rules of 100
+   pods go on in about half the time and come off in about a third. eBPF mode
+   keeps one step at a time: its steps share one loaded object and its maps.
 """
 
 from __future__ import annotations
