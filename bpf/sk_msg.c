@@ -17,6 +17,10 @@
  * same reason a first message that finds no peer switches off too: later
  * redirected ones would overtake it.
  *
+ * An app end a worker paired (meshagent.h, "paired relay") sends straight out of
+ * the worker's socket on the other leg once the worker has caught up with it;
+ * until then, and after its target went, its messages take the usual way.
+ *
  * Before its first redirect an end is recorded in ma_accel_sent (an end that
  * cannot be recorded, the map being full, switches off): the agent takes a
  * switched-off end out of the sockhash, back to plain TCP, only when nothing
@@ -31,6 +35,8 @@ MA_MAP_CFG_BY_NETNS;
 MA_MAP_ACCEL_SOCKS;
 MA_MAP_ACCEL_STATE;
 MA_MAP_ACCEL_SENT;
+MA_MAP_PAIR_CTL;
+MA_MAP_PAIR_STATE;
 
 /* socket end -> bytes it redirected since its peer last sent. Written and
  * read by sk_msg only; an end's entry goes when it switches off. LRU. */
@@ -48,6 +54,7 @@ BPF_TABLE_PINNED("lru_hash", struct ma_sock_key, __u32, ma_accel_burst, MA_MAX_C
 #define MA_STAT_OFF_CONFIG 6     /* ends switched off: pod config gone or not accelerated */
 #define MA_STAT_OFF_FULL 7       /* ends switched off: ma_accel_sent full */
 #define MA_STAT_RETURNED 8       /* written by the agent: ends it took out of the sockhash */
+#define MA_STAT_PAIRED 9         /* messages a paired app end sent straight to the other leg */
 #define MA_STATS 10
 BPF_TABLE_PINNED("array", __u32, __u64, ma_accel_stats, MA_STATS, MA_PIN_MAPS "/ma_accel_stats");
 
@@ -71,10 +78,51 @@ static __always_inline int ma_switch_off(struct ma_sock_key *self, __u32 why)
 MA_DEFINE_IP4_OF(ma_msg_ip4, struct sk_msg_md)
 MA_DEFINE_SOCK_KEY_OF(ma_msg_key, ma_msg_ip4, struct sk_msg_md)
 
+/* The paired relay (meshagent.h): 1 when the message went straight out of the
+ * other leg's socket, 0 when it goes the usual way (to the worker). `ps` is this
+ * end's own entry (only sockops deletes it, under this socket's lock); the
+ * worker's ma_pair_ctl entry is copied before its owner is checked, so a
+ * deleted and reused one is never acted on. */
+static __always_inline int ma_pair_send(struct sk_msg_md *msg, struct ma_sock_key *self,
+                                        struct ma_pair_state *ps)
+{
+    __u32 size = msg->size;
+    if (ps->mode == MA_PAIR_WORKER) {
+        struct ma_pair_ctl *ctl = ma_pair_ctl.lookup(self);
+        if (!ctl) {
+            ps->passed += size;
+            return 0;
+        }
+        __u64 consumed = ctl->consumed;
+        struct ma_sock_key target = ctl->target;
+        ma_barrier();
+        if (!ma_sock_key_eq(&ctl->owner, self) || consumed != ps->passed) {
+            ps->passed += size;
+            return 0;
+        }
+        ps->target = target;
+        ps->mode = MA_PAIR_DIRECT;
+    }
+    if (ps->mode != MA_PAIR_DIRECT)
+        return 0;
+    struct ma_sock_key to = ps->target;
+    if (ma_accel_socks.msg_redirect_hash(msg, &to, 0) != SK_PASS) {
+        ps->mode = MA_PAIR_BROKEN;
+        return 0;
+    }
+    ps->moved += size;
+    ma_count(MA_STAT_PAIRED, 1);
+    return 1;
+}
+
 int ma_sk_msg(struct sk_msg_md *msg)
 {
     struct ma_sock_key self = {};
     if (!ma_msg_key(msg, &self))
+        return SK_PASS;
+    /* in place: the sender's socket is locked while its program runs */
+    struct ma_pair_state *ps = ma_pair_state.lookup(&self);
+    if (ps && ma_pair_send(msg, &self, ps))
         return SK_PASS;
     __u32 *state = ma_accel_state.lookup(&self);
     if (state && *state == MA_ACCEL_OFF) {

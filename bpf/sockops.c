@@ -18,7 +18,12 @@
  *    filed at TCP_CONNECT_CB, before the handshake ends), the port dialled for
  *    the proxy's connection to the app.
  * 3. A recorded end asks for state callbacks; at TCP_CLOSE its entries in
- *    ma_accel_state and ma_accel_sent go.
+ *    ma_accel_state, ma_accel_sent and ma_pair_state go (what a paired end moved
+ *    is filed in ma_pair_moved for its worker).
+ * 4. A recorded app end (not the proxy's: the app's connection to the outbound
+ *    listener, the app's side of a marked proxy connection) gets a zeroed
+ *    ma_pair_state and no ma_pair_ctl before its first message, for sk_msg's
+ *    paired relay (meshagent.h).
  */
 #include "include/meshagent.h"
 
@@ -28,6 +33,9 @@ MA_MAP_ORIG_DST;
 MA_MAP_ACCEL_SOCKS;
 MA_MAP_ACCEL_STATE;
 MA_MAP_ACCEL_SENT;
+MA_MAP_PAIR_CTL;
+MA_MAP_PAIR_STATE;
+MA_MAP_PAIR_MOVED;
 
 static __always_inline void ma_move_orig_dst(struct bpf_sock_ops *skops)
 {
@@ -77,6 +85,14 @@ static __always_inline int ma_accel_skipped(const struct ma_pod_config *cfg,
 MA_DEFINE_IP4_OF(ma_sockops_ip4, struct bpf_sock_ops)
 MA_DEFINE_SOCK_KEY_OF(ma_sockops_key, ma_sockops_ip4, struct bpf_sock_ops)
 
+/* Rule 4: an app end starts its byte count from its first message. */
+static __always_inline void ma_pair_open(struct ma_sock_key *key)
+{
+    struct ma_pair_state st = {};
+    ma_pair_state.update(key, &st);
+    ma_pair_ctl.delete(key);
+}
+
 static __always_inline void ma_accel_record(struct bpf_sock_ops *skops, int active)
 {
     struct ma_sock_key key = {};
@@ -112,9 +128,14 @@ static __always_inline void ma_accel_record(struct bpf_sock_ops *skops, int acti
         ma_accel_state.delete(&key);
     }
     int err = ma_accel_socks.sock_hash_update(skops, &key, BPF_ANY);
-    if (err == 0)
-        bpf_sock_ops_cb_flags_set(skops,
-                                  skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+    if (err != 0)
+        return;
+    bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+    /* app ends: the app's connection to the outbound listener, the app's side of
+     * the proxy's connection to it (a passive end not on the listener's port) */
+    int app = active ? key.remote_port == cfg->outbound_port : key.local_port != cfg->outbound_port;
+    if (app)
+        ma_pair_open(&key);
 }
 
 /* Rule 3: only recorded ends asked for the callback. */
@@ -127,6 +148,12 @@ static __always_inline void ma_accel_closed(struct bpf_sock_ops *skops)
         return;
     ma_accel_sent.delete(&key);
     ma_accel_state.delete(&key);
+    struct ma_pair_state *ps = ma_pair_state.lookup(&key);
+    if (ps && ps->moved) {
+        __u64 moved = ps->moved;
+        ma_pair_moved.update(&key, &moved);
+    }
+    ma_pair_state.delete(&key);
 }
 
 int ma_sockops(struct bpf_sock_ops *skops)

@@ -49,7 +49,7 @@ from agent.errors import AgentError
 from agent.identity.tls import peer_identity
 from agent.policy.authorize import Decision, Facts, IPAddress, authorize, parse_ip
 from agent.policy.model import ProxyProtocol, ServerPolicy
-from agent.proxy import h1msg, h2route, http1, httpproxy, tcp
+from agent.proxy import h1msg, h2route, http1, httpproxy, pairing, tcp
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NEED_MORE, NeedMore, Protocol, detect, is_tls_client_hello, parse_sni
 from agent.proxy.plane import Guard, Plane, plane_of, read_prefix
@@ -415,8 +415,13 @@ async def relay_to_app(  # noqa: PLR0913 - the facts of one connection
     *,
     prefix: bytes,
     eof: bool,
+    pair: bool = False,
 ) -> None:
-    """Authorize a TCP connection once; relay it to B's app and guard it, or close it."""
+    """Authorize a TCP connection once; relay it to B's app and guard it, or close it.
+
+    `pair`: both legs are plain TCP inside pods of this node (the outbound's local
+    hop), so the relay may hand its bytes to the kernel (agent.proxy.pairing).
+    """
     worker = conn.worker
     plane = plane_of(worker)
     key = (POLICY, pod.key, port)
@@ -439,6 +444,8 @@ async def relay_to_app(  # noqa: PLR0913 - the facts of one connection
         worker, transport, netns=pod.netns, addr=app_addr(pod, port), prefix=prefix, eof=eof
     )
     conn.relay = relay
+    if pair:
+        pairing.pair(worker.pair_maps, relay)
     plane.guard(
         Guard(
             policy_key=key,

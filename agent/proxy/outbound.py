@@ -18,7 +18,8 @@ Flow per connection (DESIGN.md "Flows", outbound):
    - on this node (`("pod-ip", ip)` names a pod here, port not skipped by it):
      no TLS and no network hop; B's inbound policy is applied here with A's
      identity as a verified client (tls=True), `l5d-client-id` set, and the
-     connection made to B's app from B's netns;
+     connection made to B's app from B's netns; an opaque one may be paired
+     (agent.proxy.pairing) for sk_msg to carry once the worker caught up;
    - meshed (`tls_identity`): TLS 1.3 with A's certificate (A = the pod
      whose listener accepted), SNI and exact peer identity = `tls_identity`;
      no usable certificate: 502 / close (fail closed);
@@ -633,7 +634,14 @@ async def _relay_endpoint(  # noqa: PLR0913 - the facts of one connection
             )
             handle.cancel()
             await inbound.relay_to_app(
-                conn, conn.transport, hop.peer, hop.addr[1], facts, prefix=prefix, eof=eof
+                conn,
+                conn.transport,
+                hop.peer,
+                hop.addr[1],
+                facts,
+                prefix=prefix,
+                eof=eof,
+                pair=True,
             )
             return
         relay = await start_relay(

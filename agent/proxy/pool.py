@@ -101,6 +101,7 @@ class WorkerOptions:
     cpus: tuple[int, ...] = ()  # slot i's CPU (agent.proxy.placement); () steers nothing
     pin: bool = False  # each worker runs on its slot's CPU only (rule 7)
     steer: bool = True  # with `cpus`: new connections go to the worker of their CPU (rule 7)
+    pair_maps: str = ""  # eBPF acceleration's maps: the paired relay (agent.proxy.pairing)
 
     def argv(self, channel_fd: int, worker_id: int) -> list[str]:
         argv = [
@@ -123,6 +124,8 @@ class WorkerOptions:
         if cpu is not None and self.pin:
             argv.append(f"--cpu={cpu}")
         argv.extend(f"--plugin={p}" for p in self.plugins)
+        if self.pair_maps:
+            argv.append(f"--pair-maps={self.pair_maps}")
         return argv
 
     def cpu_of(self, worker_id: int) -> int | None:

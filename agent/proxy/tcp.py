@@ -27,6 +27,9 @@ Rules:
    plain side once what is buffered for it is written (SO_LINGER 0, then
    close), a TLS side at once and without close_notify (which would say the
    stream ended whole). `reason` is then "reset".
+10. Paired (agent.proxy.pairing): the kernel may carry some of the bytes past the
+    worker. `pairing` hears of each forwarded chunk, the idle check and the byte
+    counts add what it moved, and it reads its counts before the relay ends.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from typing import TYPE_CHECKING, Final, cast
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from agent.proxy.pairing import Pairing
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +124,9 @@ class _Side(asyncio.Protocol):
         out = self.peer.transport  # never None: downstream reads only after `start`
         if out is not None and not out.is_closing():
             out.write(data)
+            pairing = self.relay.pairing
+            if pairing is not None:  # rule 10
+                pairing.forwarded(self.nbytes, out, from_upstream=self is self.relay.upstream)
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -169,6 +177,7 @@ class Relay:
         "downstream",
         "high_water",
         "low_water",
+        "pairing",
         "reason",
         "upstream",
     )
@@ -196,16 +205,19 @@ class Relay:
         self._last_change = 0.0
         self._prefix = b""
         self._prefix_eof = False
+        self.pairing: Pairing | None = None  # rule 10
 
     @property
     def bytes_up(self) -> int:
-        """Bytes read from downstream (and written upstream)."""
-        return self.downstream.nbytes
+        """Bytes read from downstream (and written upstream), or moved past us (rule 10)."""
+        moved = self.pairing.moved_up if self.pairing is not None else 0
+        return self.downstream.nbytes + moved
 
     @property
     def bytes_down(self) -> int:
-        """Bytes read from upstream (and written downstream)."""
-        return self.upstream.nbytes
+        """Bytes read from upstream (and written downstream), or moved past us (rule 10)."""
+        moved = self.pairing.moved_down if self.pairing is not None else 0
+        return self.upstream.nbytes + moved
 
     def attach(
         self, downstream: asyncio.Transport, prefix: bytes = b"", *, eof: bool = False
@@ -254,6 +266,8 @@ class Relay:
         assert self._idle_timeout is not None  # noqa: S101 - only armed with a timeout
         now = self._loop.time()
         total = self.downstream.nbytes + self.upstream.nbytes
+        if self.pairing is not None:
+            total += self.pairing.moved()
         if total != self._last_total:
             self._last_total, self._last_change = total, now
         if now - self._last_change >= self._idle_timeout:
@@ -274,6 +288,8 @@ class Relay:
         """End each side still there with `end`: `_close`, `_abort` or `_reset`."""
         if not self.reason:
             self.reason = reason
+            if self.pairing is not None:
+                self.pairing.finish()  # rule 10: before the app ends can close
         for side in (self.downstream, self.upstream):
             tr = side.transport
             if tr is not None and not side.lost:

@@ -52,6 +52,9 @@ Rules:
 10. Before it serves, the worker fixes glibc's malloc thresholds (agent.proxy.heap),
     so that the 256 KiB buffers of a bulk stream are reused from the heap instead of
     being given back to the kernel and faulted in again on every read.
+11. `--pair-maps DIR` (the supervisor passes it in eBPF mode with acceleration):
+    the worker uses the paired relay's pinned maps there (agent.proxy.pairing);
+    until they are pinned, or without them, it relays every byte itself.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ from agent import aio, logs, native
 from agent.config import parse_positive_int
 from agent.errors import AgentError
 from agent.proxy import channel as ch
-from agent.proxy import heap, record, tcp, uring
+from agent.proxy import heap, pairing, record, tcp, uring
 from agent.proxy.listener import LISTEN_BACKLOG, ListenerKind, UpstreamSockets
 from agent.proxy.pool import H2_LANES, H2_UPGRADE_MODES
 from agent.proxy.wstate import WorkerState
@@ -344,6 +347,7 @@ class Worker:
         self.failed_total = 0
         self.bytes_up = 0
         self.bytes_down = 0
+        self.pair_maps: pairing.PairMaps | None = None  # rule 11
         self._channel: ch.Channel | None = None
         self._inbox: asyncio.Queue[ch.Message] = asyncio.Queue()
         self._draining = False
@@ -627,6 +631,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plugin", action="append", default=[])
     p.add_argument("--log-level", default="info")
     p.add_argument("--cpu", type=int, default=None)
+    p.add_argument("--pair-maps", default="")
     return p.parse_args(argv)
 
 
@@ -655,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
         h2_upgrade=args.h2_upgrade,
         h2_lanes=args.h2_lanes,
     )
+    if args.pair_maps:
+        worker.pair_maps = pairing.PairMaps(args.pair_maps)  # rule 11
     directory = os.environ.get(PROFILE_ENV)
     if directory:
         return _run_profiled(worker, sock, directory)

@@ -79,6 +79,7 @@ from agent.redirect.ebpf_node import (
     ENV_ACCEL,
     ENV_ACCEL_MAX_MSG,
     ENV_COMPILE_IN_CHILD,
+    ENV_PAIR,
     PIN_ROOT,
     EbpfNode,
     accel_from_env,
@@ -86,6 +87,7 @@ from agent.redirect.ebpf_node import (
     cgroup2_mount,
     ensure_bpffs,
     own_cgroup,
+    pair_from_env,
 )
 from agent.redirect.maps import BpfError
 from agent.redirect.model import CaptureSpec, CaptureState, Mode
@@ -105,6 +107,7 @@ __all__ = [
     "ENV_ACCEL",
     "ENV_ACCEL_MAX_MSG",
     "ENV_COMPILE_IN_CHILD",
+    "ENV_PAIR",
     "HEADERS_HINT",
     "PIN_ROOT",
     "POD_CGROUP_LINKS",
@@ -119,6 +122,7 @@ __all__ = [
     "ensure_bpffs",
     "headers_dir",
     "own_cgroup",
+    "pair_from_env",
     "pod_key",
     "redirector",
 ]
@@ -209,7 +213,7 @@ class EbpfRedirector(EbpfNode):
         `cache_dir`, compiled programs kept between processes, to MESHAGENT_BPF_CACHE's.
 
         Raises:
-            SettingError: a bad MESHAGENT_EBPF_ACCEL* value.
+            SettingError: a bad MESHAGENT_EBPF_ACCEL* or MESHAGENT_EBPF_PAIR value.
         """
         env_accel, env_max = accel_from_env()
         super().__init__(
@@ -221,6 +225,7 @@ class EbpfRedirector(EbpfNode):
             cache_dir=cache_dir,
         )
         self.accel_max_msg = env_max if accel_max_msg is None else accel_max_msg
+        self.pair = self.accelerate and pair_from_env()  # workers pair opaque relays
         self._fallback = inbound_fallback
         self.registry = registry
 

@@ -46,6 +46,7 @@ PIN_ROOT = Path("/sys/fs/bpf/meshagent")
 BPFFS = Path("/sys/fs/bpf")
 ENV_ACCEL = "MESHAGENT_EBPF_ACCEL"
 ENV_ACCEL_MAX_MSG = "MESHAGENT_EBPF_ACCEL_MAX_MSG"
+ENV_PAIR = "MESHAGENT_EBPF_PAIR"  # the paired relay, with acceleration (agent.proxy.pairing)
 ENV_COMPILE_IN_CHILD = "MESHAGENT_EBPF_COMPILE_IN_CHILD"
 DEFAULT_ACCEL_MAX_MSG = 16 * 1024
 
@@ -114,6 +115,20 @@ def accel_from_env(env: dict[str, str] | None = None) -> tuple[bool, int]:
     if not size_raw.isdigit():
         raise SettingError(ENV_ACCEL_MAX_MSG, size_raw, "must be a byte count")
     return raw in ("1", "true", "yes", "on"), int(size_raw)
+
+
+def pair_from_env(env: dict[str, str] | None = None) -> bool:
+    """MESHAGENT_EBPF_PAIR: whether workers pair opaque same-node relays for sk_msg to
+    carry (agent.proxy.pairing), where acceleration is on; on unless 0, false, no or off.
+
+    Raises:
+        SettingError: a value that is not a boolean.
+    """
+    env = dict(os.environ) if env is None else env
+    raw = env.get(ENV_PAIR, "").strip().lower()
+    if raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
+        raise SettingError(ENV_PAIR, raw, "must be a boolean (1/0, true/false)")
+    return raw not in ("0", "false", "no", "off")
 
 
 def compile_in_child_from_env() -> bool:

@@ -51,6 +51,12 @@ ACCEL_STATE = "ma_accel_state"
 ACCEL_SENT = "ma_accel_sent"
 ACCEL_BURST = "ma_accel_burst"  # declared in bpf/sk_msg.c (sk_msg's own)
 ACCEL_STATS = "ma_accel_stats"  # declared in bpf/sk_msg.c
+PAIR_CTL = "ma_pair_ctl"
+PAIR_STATE = "ma_pair_state"
+PAIR_MOVED = "ma_pair_moved"
+PAIR_WORKER = 0  # ma_pair_state.mode, meshagent.h's MA_PAIR_*
+PAIR_DIRECT = 1
+PAIR_BROKEN = 2
 
 # ma_accel_stats slots, as bpf/sk_msg.c's MA_STAT_* number them
 ACCEL_STAT_NAMES = (
@@ -63,6 +69,7 @@ ACCEL_STAT_NAMES = (
     "off_config",
     "off_full",
     "returned",  # written by the agent (agent.redirect.accel_sweep), not by sk_msg
+    "paired_msgs",  # sent by a paired app end straight to the other leg
 )
 ACCEL_STATS_SLOTS = 10
 ACCEL_STAT_RETURNED = ACCEL_STAT_NAMES.index("returned")
@@ -114,6 +121,20 @@ class SockKeyC(ctypes.Structure):
     )
 
 
+class PairCtlC(ctypes.Structure):
+    _fields_ = (("owner", SockKeyC), ("target", SockKeyC), ("consumed", ctypes.c_uint64))
+
+
+class PairStateC(ctypes.Structure):
+    _fields_ = (
+        ("target", SockKeyC),
+        ("passed", ctypes.c_uint64),
+        ("moved", ctypes.c_uint64),
+        ("mode", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32),
+    )
+
+
 # map name -> (key type, leaf type), the mirrors of the declarations in meshagent.h
 MAP_TYPES: dict[str, tuple[Any, Any]] = {
     CFG_BY_NETNS: (ctypes.c_uint64, PodConfigC),
@@ -126,6 +147,9 @@ MAP_TYPES: dict[str, tuple[Any, Any]] = {
     ACCEL_SENT: (SockKeyC, ctypes.c_uint32),
     ACCEL_BURST: (SockKeyC, ctypes.c_uint32),
     ACCEL_STATS: (ctypes.c_uint32, ctypes.c_uint64),
+    PAIR_CTL: (SockKeyC, PairCtlC),
+    PAIR_STATE: (SockKeyC, PairStateC),
+    PAIR_MOVED: (SockKeyC, ctypes.c_uint64),
 }
 
 

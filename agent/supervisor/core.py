@@ -158,6 +158,7 @@ class Supervisor:
                 ),
                 pin=s.cpu_placement in {"pin", "bind"},
                 steer=s.cpu_placement != "bind",
+                pair_maps=self._pair_maps(),
             ),
             on_need=self._on_need,
             on_stats=self._on_stats,
@@ -405,6 +406,13 @@ class Supervisor:
             Place(netns=e.spec.netns, cgroup=e.spec.cgroup)
             for e in list(self.pods.enrolled.values())
         ]
+
+    def _pair_maps(self) -> str:
+        """Where workers find the paired relay's maps: with eBPF acceleration, unless
+        MESHAGENT_EBPF_PAIR turns it off."""
+        if self.mode is Mode.EBPF and getattr(self.redirector, "pair", False):
+            return str(self.redirector.maps_dir)
+        return ""
 
     def _node_info(self) -> state.NodeInfo:
         s = self.settings

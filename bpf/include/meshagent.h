@@ -16,7 +16,7 @@
 #include <uapi/linux/bpf.h>
 #include <linux/in.h>
 
-#define MA_ABI 2
+#define MA_ABI 3
 #define MA_MAX_PORT_RANGES 16
 #define MA_MAX_SUBNETS 16
 #define MA_MAX_PODS 4096
@@ -171,6 +171,72 @@ struct ma_sock_key {
 #define MA_MAP_ACCEL_SENT \
     BPF_TABLE_PINNED("hash", struct ma_sock_key, __u32, ma_accel_sent, MA_MAX_CONNS, \
                      MA_PIN_MAPS "/ma_accel_sent")
+
+/* --- paired relay (opt-in acceleration; agent/proxy/pairing.py) --------------
+ * A worker relaying an opaque TCP connection between two accelerated app ends on
+ * this node (app A -> its outbound listener; the worker's socket in B's netns ->
+ * app B) pairs each app end with the worker's socket on the other leg. Once
+ * every byte an app end sent has been read by the worker and written on
+ * (`consumed` == `passed`), sk_msg sends that end's further messages out of the
+ * other leg's socket itself (its egress: after all the worker wrote there, and
+ * with TCP's backpressure), and the worker leaves the data path of that
+ * direction. A direct end whose target socket is gone goes back to the worker
+ * for good (MA_PAIR_BROKEN): what it sent directly is already in the target's
+ * send queue, so the worker's later writes follow it. */
+#define MA_PAIR_WORKER 0 /* through the worker */
+#define MA_PAIR_DIRECT 1 /* straight to the target's egress */
+#define MA_PAIR_BROKEN 2 /* target gone: through the worker again, for good */
+
+/* `owner` is the entry's own key: sk_msg, finding another there (the worker
+ * deleted the entry and it was reused while sk_msg held it), ignores the entry. */
+struct ma_pair_ctl {
+    struct ma_sock_key owner;
+    struct ma_sock_key target; /* the worker's socket on the other leg */
+    __u64 consumed;            /* bytes of this end the worker read and wrote on */
+};
+
+struct ma_pair_state {
+    struct ma_sock_key target; /* copied from ma_pair_ctl when the end went direct */
+    __u64 passed;              /* bytes this end sent towards the worker */
+    __u64 moved;               /* bytes sk_msg sent straight to the target */
+    __u32 mode;                /* MA_PAIR_* */
+    __u32 _pad;
+};
+
+/* Whether two socket-end keys are equal. */
+static __always_inline int ma_sock_key_eq(const struct ma_sock_key *a, const struct ma_sock_key *b)
+{
+    return a->netns == b->netns && a->local_ip == b->local_ip && a->remote_ip == b->remote_ip &&
+           a->local_port == b->local_port && a->remote_port == b->remote_port;
+}
+
+/* app end -> what the worker asks. Written and deleted by the worker; sockops
+ * deletes an app end's entry when it records the end, so a connection that
+ * reuses a closed one's addresses never inherits its pairing. LRU: an entry a
+ * dead worker left goes in time, and an evicted one only unpairs its end. */
+#define MA_MAP_PAIR_CTL \
+    BPF_TABLE_PINNED("lru_hash", struct ma_sock_key, struct ma_pair_ctl, ma_pair_ctl, \
+                     MA_MAX_CONNS, MA_PIN_MAPS "/ma_pair_ctl")
+
+/* app end -> its byte counts and mode. Created by sockops when it records an app
+ * end and deleted by sockops when the end reaches TCP_CLOSE, both under the
+ * socket's lock as sk_msg runs, so sk_msg never holds an entry that is deleted
+ * or reused meanwhile; read by the worker (bytes moved past it: metrics, idle).
+ * A plain hash: eviction would reuse an entry under sk_msg. Full, it leaves new
+ * app ends unpaired. */
+#define MA_MAP_PAIR_STATE \
+    BPF_TABLE_PINNED("hash", struct ma_sock_key, struct ma_pair_state, ma_pair_state, \
+                     MA_MAX_CONNS, MA_PIN_MAPS "/ma_pair_state")
+
+/* app end -> the bytes it moved past the worker, filed by sockops when a paired
+ * end reaches TCP_CLOSE (its ma_pair_state goes then, possibly before the worker
+ * has read it: an app that closes first). Read and deleted by the worker. LRU:
+ * counts only, an entry no worker claims goes in time. */
+#define MA_MAP_PAIR_MOVED \
+    BPF_TABLE_PINNED("lru_hash", struct ma_sock_key, __u64, ma_pair_moved, MA_MAX_CONNS, \
+                     MA_PIN_MAPS "/ma_pair_moved")
+
+#define ma_barrier() asm volatile("" ::: "memory")
 
 /* --- helpers ----------------------------------------------------------------- */
 

@@ -731,13 +731,16 @@ def _echo_once(a, ip: str) -> bool:
 
 
 @contextlib.contextmanager
-def ebpf_agent(mesh: Mesh, name: str, *, accel: bool = False):
-    """The mesh's agent in eBPF mode on a pin root of its own (accelerated if `accel`),
-    yielding the pin root; whatever it leaves pinned is uninstalled, also on failure."""
+def ebpf_agent(mesh: Mesh, name: str, *, accel: bool = False, pair: bool = True):
+    """The mesh's agent in eBPF mode on a pin root of its own (accelerated if `accel`,
+    opaque relays paired unless not `pair`), yielding the pin root; whatever it leaves
+    pinned is uninstalled, also on failure."""
     pin_root = Path(f"/sys/fs/bpf/meshagent-test-{name}-{os.getpid()}")
     env = {"MESHAGENT_BPF_PIN_ROOT": str(pin_root)}
     if accel:
         env["MESHAGENT_EBPF_ACCEL"] = "1"
+    if not pair:
+        env["MESHAGENT_EBPF_PAIR"] = "0"
     try:
         mesh.start("--redirect", "ebpf", env=env)
         mesh.wait_ready()
@@ -852,15 +855,16 @@ SINK_PORT = 9300
 
 
 def test_ebpf_acceleration_returns_bulk_senders_to_plain_tcp_mid_stream(mesh: Mesh) -> None:
-    """MESHAGENT_EBPF_ACCEL=1: a 2 s upload through both proxies. Its two senders inside
-    pods (the client app's end, the proxy's end towards the sink) switch off at their
-    first big write; the agent's sweep takes both out of the sockhash while the stream
-    runs, since neither peer had sent, and the sink still receives every byte in order."""
+    """MESHAGENT_EBPF_ACCEL=1, the paired relay off (as for HTTP, which is never paired):
+    a 2 s upload through both proxies. Its two senders inside pods (the client app's end,
+    the proxy's end towards the sink) switch off at their first big write; the agent's
+    sweep takes both out of the sockhash while the stream runs, since neither peer had
+    sent, and the sink still receives every byte in order."""
     from agent.redirect import maps, sockqueue  # noqa: PLC0415 - bcc-free, only here
 
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
-    with ebpf_agent(mesh, "sweep-up", accel=True) as pin_root:
+    with ebpf_agent(mesh, "sweep-up", accel=True, pair=False) as pin_root:
         _serve(b, "sink")
         out = a.run(
             [sys.executable, "-c", UPLOAD, b.ip, str(SINK_PORT), "2"], check=False, timeout=60
@@ -894,17 +898,18 @@ print(h.hexdigest(), n)
 def test_ebpf_acceleration_returns_a_downloads_ends_once_their_queues_are_read(
     mesh: Mesh,
 ) -> None:
-    """A request, then a 2 s download: every end redirected its first bytes (the request
-    both ways, the first piece of the answer), so the sweep takes an end out only when
-    FIONREAD on a copy of its socket says its queue of redirected bytes is empty. The
-    download's senders go back to plain TCP mid-stream, and every byte arrives in order."""
+    """The paired relay off: a request, then a 2 s download: every end redirected its
+    first bytes (the request both ways, the first piece of the answer), so the sweep
+    takes an end out only when FIONREAD on a copy of its socket says its queue of
+    redirected bytes is empty. The download's senders go back to plain TCP mid-stream,
+    and every byte arrives in order."""
     from agent.redirect import maps, sockqueue  # noqa: PLC0415 - bcc-free, only here
 
     if not sockqueue.supported():
         pytest.skip("this kernel's FIONREAD counts TCP's queue only")
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
-    with ebpf_agent(mesh, "sweep-down", accel=True) as pin_root:
+    with ebpf_agent(mesh, "sweep-down", accel=True, pair=False) as pin_root:
         source = _serve(b, "source", "2")
         out = a.run([sys.executable, "-c", DOWNLOAD, b.ip, str(SINK_PORT)], check=False, timeout=60)
         assert out.returncode == 0, out.stderr[-2000:]
@@ -915,3 +920,239 @@ def test_ebpf_acceleration_returns_a_downloads_ends_once_their_queues_are_read(
         assert stats["redirected_msgs"] >= 2  # the request, on both accelerated hops
         assert stats["returned"] >= 2, (stats, mesh.agent_log()[-3000:])
         assert mesh.stop() == 0
+
+
+# A server in the web pod for one connection: echoes what it reads until EOF.
+ECHO = """
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("0.0.0.0", int(sys.argv[1])))
+ls.listen(1)
+print("ready", flush=True)
+s, _ = ls.accept()
+while part := s.recv(1 << 16):
+    s.sendall(part)
+s.close()
+"""
+
+# The client. "rr N": N exchanges of one 64-byte message each, every answer checked.
+# "stream BYTES": writes BYTES of a seeded random pattern in chunks of 1-3000 bytes while
+# reading the echo, without waiting for it; checks that the echo is the same stream.
+ECHO_CLIENT = """
+import random, selectors, socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=20)
+if sys.argv[3] == "rr":
+    for i in range(int(sys.argv[4])):
+        msg = i.to_bytes(4, "big") * 16
+        s.sendall(msg)
+        got = b""
+        while len(got) < len(msg):
+            part = s.recv(64 - len(got))
+            assert part, f"EOF after {i} exchanges"
+            got += part
+        assert got == msg, (i, got)
+    s.shutdown(socket.SHUT_WR)
+    assert s.recv(1) == b""
+    print("ok")
+    sys.exit(0)
+rnd = random.Random(7)
+total = int(sys.argv[4])
+data = rnd.randbytes(total)
+s.setblocking(False)
+sel = selectors.DefaultSelector()
+sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE)
+sent, back = 0, bytearray()
+while True:
+    for _, ev in sel.select(10):
+        if ev & selectors.EVENT_WRITE:
+            try:
+                sent += s.send(data[sent : sent + rnd.randint(1, 3000)])
+            except BlockingIOError:
+                pass
+            if sent == total:
+                s.shutdown(socket.SHUT_WR)
+                sel.modify(s, selectors.EVENT_READ)
+        if ev & selectors.EVENT_READ:
+            try:
+                part = s.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            if not part:
+                assert bytes(back) == data, f"echo differs: {len(back)} of {total} bytes"
+                print("ok")
+                sys.exit(0)
+            back += part
+"""
+ECHO_PORT = 9400
+
+
+def _echo_server(pod) -> subprocess.Popen[str]:
+    proc = pod.spawn(
+        [sys.executable, "-c", ECHO, str(ECHO_PORT)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    return proc
+
+
+def _tcp_bytes(metrics: bytes) -> int:
+    """Sum of the agent's tcp_read_bytes_total and tcp_write_bytes_total samples."""
+    total = 0
+    for line in metrics.decode().splitlines():
+        if line.startswith(("tcp_read_bytes_total{", "tcp_write_bytes_total{")):
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+def test_ebpf_acceleration_pairs_an_opaque_relay_past_the_worker(mesh: Mesh) -> None:
+    """MESHAGENT_EBPF_ACCEL=1, a same-node opaque connection of 300 exchanges: once the
+    worker has forwarded the first message each way, sk_msg sends the app ends' messages
+    straight out of the worker's socket on the other leg (agent.proxy.pairing). Every
+    answer arrives intact, and the connection's byte metrics still count every byte."""
+    from agent.redirect import maps  # noqa: PLC0415 - bcc-free, only here
+
+    a = mesh.pod("client", server=False)
+    b = mesh.pod("web")
+    with ebpf_agent(mesh, "pair-rr", accel=True) as pin_root:
+        server = _echo_server(b)
+        out = a.run(
+            [sys.executable, "-c", ECHO_CLIENT, b.ip, str(ECHO_PORT), "rr", "300"],
+            check=False,
+            timeout=60,
+        )
+        assert out.stdout.strip() == "ok", out.stderr[-2000:]
+        server.wait(timeout=10)
+        stats = maps.accel_stats(pin_root / "maps")
+        # 600 messages. The first each way went through the worker, and so does a reply
+        # that comes before the worker, having written the last one, has said so: nearly
+        # never, unless the machine is busy
+        assert stats["paired_msgs"] >= 540, stats
+        want = 2 * 300 * 64  # read from the client and written to it, the whole stream
+        deadline = time.monotonic() + 10
+        while _tcp_bytes(mesh.admin("/metrics")[1]) < want and time.monotonic() < deadline:
+            time.sleep(0.2)  # the workers report every few seconds
+        assert _tcp_bytes(mesh.admin("/metrics")[1]) == want
+        assert mesh.stop() == 0
+
+
+def test_ebpf_acceleration_pairs_an_upload_of_big_writes_and_loses_nothing(mesh: Mesh) -> None:
+    """A 2 s upload in 64 KiB writes with the paired relay: the client's end goes direct
+    once the worker has forwarded what came first, its writes leave through the worker's
+    socket towards the sink at TCP's pace, and the sink reads every byte in order."""
+    from agent.redirect import maps  # noqa: PLC0415 - bcc-free, only here
+
+    a = mesh.pod("client", server=False)
+    b = mesh.pod("web")
+    with ebpf_agent(mesh, "pair-up", accel=True) as pin_root:
+        _serve(b, "sink")
+        out = a.run(
+            [sys.executable, "-c", UPLOAD, b.ip, str(SINK_PORT), "2"], check=False, timeout=60
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        sent, answered = out.stdout.strip().split("|")
+        assert answered == sent
+        assert int(sent.split()[1]) > 8 << 20
+        assert maps.accel_stats(pin_root / "maps")["paired_msgs"] > 0
+        assert mesh.stop() == 0
+
+
+def test_ebpf_acceleration_pairs_a_stream_mid_way_and_keeps_its_order(mesh: Mesh) -> None:
+    """A 4 MiB stream echoed back while it is written, in chunks of 1-3000 bytes: both app
+    ends go direct once the worker catches up with them mid-stream (the bytes before went
+    through the worker), and the echo is the same stream, byte for byte."""
+    from agent.redirect import maps  # noqa: PLC0415 - bcc-free, only here
+
+    a = mesh.pod("client", server=False)
+    b = mesh.pod("web")
+    with ebpf_agent(mesh, "pair-stream", accel=True) as pin_root:
+        server = _echo_server(b)
+        out = a.run(
+            [sys.executable, "-c", ECHO_CLIENT, b.ip, str(ECHO_PORT), "stream", str(4 << 20)],
+            check=False,
+            timeout=120,
+        )
+        assert out.stdout.strip() == "ok", out.stderr[-2000:]
+        server.wait(timeout=10)
+        stats = maps.accel_stats(pin_root / "maps")
+        assert stats["paired_msgs"] > 0, stats  # direct from some point on ...
+        assert stats["redirected_msgs"] + stats["passed_msgs"] > 2, stats  # ... not the first
+        assert mesh.stop() == 0
+
+
+# The client for a live connection: 20 exchanges, "paired", then one exchange per line
+# read from stdin, answering "echoed" or "cut" (the proxy closed or reset the connection).
+LIVE_CLIENT = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], 9000), timeout=5)
+def exchange():
+    try:
+        s.sendall(b"ping" * 16)
+        got = b""
+        while len(got) < 64:
+            part = s.recv(64 - len(got))
+            if not part:
+                return "cut"
+            got += part
+        return "echoed"
+    except OSError:
+        return "cut"
+for _ in range(20):
+    assert exchange() == "echoed"
+print("paired", flush=True)
+for _ in sys.stdin:
+    print(exchange(), flush=True)
+"""
+
+
+def test_a_paired_connection_is_still_cut_when_its_policy_stops_allowing_it(
+    mesh: Mesh,
+) -> None:
+    """agent.proxy.plane rule 3 with the paired relay: the worker is out of the data path
+    of a live opaque connection, yet when a Server starts denying its port the worker's
+    re-check still closes it, and the app's next message finds it cut."""
+    from agent.redirect import maps  # noqa: PLC0415 - bcc-free, only here
+
+    a = mesh.pod("client", server=False)
+    b = mesh.pod("echo", server=False)
+    b.spawn([sys.executable, "-c", ECHO_SERVER])
+    with ebpf_agent(mesh, "pair-deny", accel=True) as pin_root:
+        wait_for("echo", lambda: _echoed_in_pod(a, b.ip) or None, timeout=10)
+        client = a.spawn(
+            [sys.executable, "-c", LIVE_CLIENT, b.ip],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert client.stdout.readline().strip() == "paired", client.stderr.read()
+            before = maps.accel_stats(pin_root / "maps")["paired_msgs"]
+            client.stdin.write("\n")
+            client.stdin.flush()
+            assert client.stdout.readline().strip() == "echoed"
+            assert maps.accel_stats(pin_root / "maps")["paired_msgs"] == before + 2
+            (mesh.manifests / "server-echo.yaml").write_text(ECHO_SERVER_DENY)
+
+            def cut():
+                client.stdin.write("\n")
+                client.stdin.flush()
+                return client.stdout.readline().strip() == "cut" or None
+
+            wait_for("the paired connection cut", cut, timeout=15, interval=0.2)
+        finally:
+            client.kill()
+            client.wait()
+        assert mesh.stop() == 0
+
+
+def _echoed_in_pod(a, ip: str) -> bool:
+    """One exchange with the echo server from a process in pod `a` (captured in eBPF mode,
+    whose programs are attached to the pod's cgroup)."""
+    code = (
+        "import socket,sys;s=socket.create_connection((sys.argv[1],9000),timeout=3);"
+        "s.sendall(b'hi');print(s.recv(8)==b'hi')"
+    )
+    return a.run([sys.executable, "-c", code, ip], check=False, timeout=10).stdout.strip() == "True"
