@@ -29,6 +29,11 @@ Rules:
 6. Loads shorter than `VERDICT_LOAD_S` judge the goals all the same, and the
    document's `goals_caveat` (`caveat`, printed above the goal lines) says what
    that is worth; else it is None.
+7. Sockmap's opaque TCP request/response (`tcp-side-N`, agent.bench.report rule 4)
+   has a line of its own right after sockmap's (`sockmap-tcp`): the same limit on
+   the mean p50 and p99 ratios over those loads (`tcp_p50_mean`, `tcp_p99_mean`;
+   with rounds, the means of the ratios within rounds), judged apart; the sockmap
+   line's numbers and verdict stay HTTP's.
 """
 
 from __future__ import annotations
@@ -124,7 +129,8 @@ CPU = RatioGoal(
 
 def judge(doc: Mapping[str, Any], judged: Sequence[str]) -> list[dict[str, Any]]:
     """Every goal's numbers and verdict for the `judged` setups (module rules), in the
-    order bench/README.md lists them: the ratio goals, sockmap, then node memory."""
+    order bench/README.md lists them: the ratio goals, sockmap (HTTP, then opaque TCP:
+    rule 7), then node memory."""
     paired = bool(doc.get("ratios_paired"))
     ratios: Mapping[str, float] = doc["ratios_paired"] if paired else doc.get("ratios", {})
     source = "paired" if paired else "run"
@@ -139,6 +145,7 @@ def judge(doc: Mapping[str, Any], judged: Sequence[str]) -> list[dict[str, Any]]
         ratio(ADDED_P99, plain),
         ratio(TCP),
         _sockmap_goal(doc.get("accel"), ratios if paired else None),
+        _sockmap_tcp_goal(doc.get("accel"), ratios if paired else None),
         ratio(CPU),
         _memory_goal(doc.get("memory", {}), judged),
     ]
@@ -203,12 +210,43 @@ def _sockmap_goal(
     return entry
 
 
-def _accel_mean(ratios: Mapping[str, float], metric: str) -> float | None:
+def _sockmap_tcp_goal(
+    accel: Mapping[str, Any] | None, paired: Mapping[str, float] | None
+) -> dict[str, Any]:
+    """Rule 7: sockmap's opaque TCP latency against the plain path's, apart from HTTP's;
+    from the `paired` ratios when given."""
+    entry: dict[str, Any] = {
+        "goal": "sockmap-tcp",
+        "text": (
+            f"sockmap, opaque TCP (tcp-side-N, judged apart): latency <= "
+            f"{report.ACCEL_LATENCY_GOAL}x the plain path's"
+        ),
+        "limit": report.ACCEL_LATENCY_GOAL,
+        "values": {},
+        "met": None,
+        "source": "run",
+    }
+    if accel is None or not accel.get("latency_tcp"):
+        return entry
+    p50, p99 = accel["tcp_p50_mean"], accel["tcp_p99_mean"]
+    if paired is not None:
+        p50, p99 = (_accel_mean(paired, m, tcp=True) for m in ("accel_p50", "accel_p99"))
+        entry["source"] = "paired"
+    entry["values"] = {"p50": p50, "p99": p99}
+    entry["met"] = report.accel_latency_met(p50, p99)
+    return entry
+
+
+def _accel_mean(ratios: Mapping[str, float], metric: str, *, tcp: bool = False) -> float | None:
     """The mean of sockmap's `metric` ratios over the loads its goal is judged on
-    (agent.bench.report rule 4: the side-by-side ones where they ran)."""
+    (agent.bench.report rule 4: the HTTP side-by-side ones where they ran), or with
+    `tcp` over its opaque TCP loads (rule 7)."""
     prefix = f"{metric}:{report.ACCEL_SETUP}/{report.ACCEL_PEER}@"
     by_load = {k.removeprefix(prefix): v for k, v in ratios.items() if k.startswith(prefix)}
-    judged, _ = report.accel_judged(list(by_load))
+    if tcp:
+        judged = report.accel_tcp_judged(list(by_load))
+    else:
+        judged, _ = report.accel_judged(list(by_load))
     return report.mean([by_load[load] for load in judged])
 
 

@@ -69,7 +69,13 @@ Rules:
    (`agent_target_ports`: `HTTP_PORT`, sockmap's `PLAIN_PORT`, and `IPERF_PORT`
    from the setup's readiness check, never a peer's port, whose TLS a count of
    requests would not show). Its CPU is not counted: the node agents idle
-   through the peers' slices.
+   through the peers' slices. `tcp-side-N` runs the same turns on sockmap's setup
+   only (`tcp_side_by_side`), between the same three paths' echo ports
+   (`ECHO_SIDE_PORT`, `ECHO_PLAIN_PORT`, `ECHO_PORT`: agent.bench.topology rule 8),
+   with 64-byte opaque TCP requests echoed (`loads.tcp_side`). Those ports are
+   opaque, so the node agents count no HTTP request (`agent_requests` stays 0) and
+   relay TCP: the echo ports are in `agent_target_ports` and not in
+   `agent_http_target_ports` (the ports of their `request_total`).
 """
 
 from __future__ import annotations
@@ -115,6 +121,7 @@ logger = logging.getLogger(__name__)
 _CPUCLOCK_SCHED = 2  # Linux's process CPU clock ids: (~pid << 3) | CPUCLOCK_SCHED
 
 SIDE_PREFIX: Final = report.SIDE_PREFIX  # rule 10
+TCP_SIDE_PREFIX: Final = report.TCP_SIDE_PREFIX  # rule 10, opaque TCP on sockmap's setup
 ALL_LOADS = (
     "http1-rr",
     "http1-rate-500",
@@ -122,6 +129,8 @@ ALL_LOADS = (
     "http1-rate-2000",
     SIDE_PREFIX + "1000",
     SIDE_PREFIX + "2000",
+    TCP_SIDE_PREFIX + "1000",
+    TCP_SIDE_PREFIX + "2000",
     "http1-saturate",
     "h2-saturate",
     "tcp-throughput",
@@ -135,7 +144,13 @@ QUICK_MEMORY_PODS = (1, 100)
 # issue allows (10 s took 26.5); `--duration` and `--repeat` buy precision where it counts.
 FULL_DURATION_S = 8.0
 QUICK_DURATION_S = 1.0
-_NOT_QUICK = ("http1-rate-500", "http1-rr", "tcp-reverse", SIDE_PREFIX + "2000")
+_NOT_QUICK = (
+    "http1-rate-500",
+    "http1-rr",
+    "tcp-reverse",
+    SIDE_PREFIX + "2000",
+    TCP_SIDE_PREFIX + "2000",
+)
 QUICK_LOADS = tuple(x for x in ALL_LOADS if x not in _NOT_QUICK)
 # The setups the goals are judged on (the peers, our two capture modes on one and two
 # nodes, sockmap); the rest (the Python floors, HAProxy's TLS variants, our upgrade
@@ -412,12 +427,20 @@ def _applicable(target: Target, load: str) -> str | None:
         return "HTTP/1.1 only"
     if load.startswith(SIDE_PREFIX) and not side_by_side(target.setup):
         return "side by side: meshagent setups only (rule 10)"
+    if load.startswith(TCP_SIDE_PREFIX) and not tcp_side_by_side(target.setup):
+        return "opaque TCP side by side: sockmap's setup only (rule 10)"
     return None
 
 
 def side_by_side(setup: str) -> bool:
     """Whether `setup` runs the `http1-side-N` loads (rule 10)."""
     return setup.startswith("meshagent-")
+
+
+def tcp_side_by_side(setup: str) -> bool:
+    """Whether `setup` runs the `tcp-side-N` loads (rule 10): sockmap's, beside its own
+    plain path."""
+    return setup == report.ACCEL_SETUP
 
 
 @contextlib.contextmanager
@@ -439,11 +462,13 @@ def _side_load(
 ) -> tuple[loads.Measured, dict[str, Any]]:
     """Rule 10: the setup's `Measured`, and for its row its peers' numbers (`side`), the
     requests its node agents counted (`agent_requests`) and the load sent it (`sent`,
-    with the warm-up's)."""
-    rate = int(load.removeprefix(SIDE_PREFIX))
+    with the warm-up's); `tcp-side-N` the same with echo (`loads.tcp_side`)."""
+    tcp = load.startswith(TCP_SIDE_PREFIX)
+    rate = int(load.removeprefix(TCP_SIDE_PREFIX if tcp else SIDE_PREFIX))
+    run = loads.tcp_side if tcp else loads.http1_side
     with _side_peers(topo, target) as others:
         before = _agents_counted(target, time.time())
-        got = loads.http1_side([*others, target], rate, opts.duration_s, opts.warmup_s)
+        got = run([*others, target], rate, opts.duration_s, opts.warmup_s)
         after = _agents_counted(target, time.time())
     mine = got[target.setup]
     side = {peer.setup: _rates(got[peer.setup]) for peer in others}
@@ -456,9 +481,16 @@ def _side_load(
         "agent_inbound_requests": after[1] - before[1],
         "sent": sum(m.requests + m.warmup_requests for m in meshed),
         # the servers' ports the node agents proxied to: SIDE_PORT (or HAProxy's TLS
-        # listener) among them would say the mesh captured a peer
-        "agent_target_ports": sorted(set().union(*(a.target_ports() for a in target.agents))),
+        # listener) among them would say the mesh captured a peer; those they counted
+        # HTTP requests to: an echo port among them would say it was not opaque
+        "agent_target_ports": _agents_ports(target, "tcp_open_total"),
+        "agent_http_target_ports": _agents_ports(target, "request_total"),
     }
+
+
+def _agents_ports(target: Target, family: str) -> list[int]:
+    """The servers' ports in `family`'s series of `target`'s node agents (rule 10)."""
+    return sorted(set().union(*(a.target_ports(family) for a in target.agents)))
 
 
 def _agents_counted(target: Target, since: float) -> tuple[int, int]:
@@ -639,7 +671,7 @@ def _measure(
     """One load on `target`: what it measured, the workers' instruction counts (under
     `--icount`) and the side-by-side fields of its row (rule 10), the last two `{}`
     when not taken."""
-    if load.startswith(SIDE_PREFIX):
+    if report.side_load(load):
         m, extra = _side_load(topo, target, load, opts)
         return m, {}, extra
     if icount_dir is None:

@@ -1,4 +1,5 @@
-"""The bench's HTTP/1.1 load generator: constant rate (wrk2-style) or new connections.
+"""The bench's HTTP/1.1 load generator: constant rate (wrk2-style) or new connections;
+side by side, also opaque TCP echo (rule 6).
 
 `python -m agent.bench.loadgen --target IP:PORT --mode rate --rate R
 --connections C --duration S` runs inside the client pod (started with
@@ -35,6 +36,12 @@ Rules:
    the machine's slow moments fall on every path alike, and one run compares
    the paths' latency without the minutes between separate runs. The JSON is
    `{"paths": {NAME: <rule 3's object> + "warmup_requests"}, "slice_s", "cycles"}`.
+6. `--proto echo --size B` (side mode): each request is B bytes of opaque TCP
+   (no HTTP) that the server sends back unchanged (agent.bench.server rule 4),
+   netperf TCP_RR's exchange; a request is done when all B bytes came back
+   (`EchoReader`), its latency counted as rule 1 says. Bytes that differ from
+   what was sent, or arrive when nothing is owed, fail the connection (rule 4).
+   Everything else (turns, rate, connections, histogram, JSON) is rule 5's.
 """
 
 from __future__ import annotations
@@ -46,8 +53,9 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import httptools
 
@@ -63,27 +71,63 @@ def request_bytes(host: str, path: str = "/", *, close: bool = False) -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{conn}\r\n".encode()
 
 
-class _Client(asyncio.Protocol):
-    """One HTTP/1.1 connection; `ask()` sends a request and awaits its response."""
+class EchoError(Exception):
+    """An echo exchange got bytes it did not send, or bytes when nothing was owed."""
+
+
+class EchoReader:
+    """Rule 6's framing of one echo connection, pure: `sent(data)` says what is owed,
+    `received(data)` takes what came back and says whether all of it has."""
+
+    def __init__(self) -> None:
+        self.owed = b""  # what the server has yet to send back, in order
+
+    def sent(self, data: bytes) -> None:
+        self.owed += data
+
+    def received(self, data: bytes) -> bool:
+        """Whether `data` completes what is owed.
+
+        Raises:
+            EchoError: `data` is not the start of what is owed (wrong bytes, or more
+                than was sent).
+        """
+        if not self.owed.startswith(data):
+            what = "more than was sent" if len(data) > len(self.owed) else "other bytes"
+            raise EchoError(f"echo returned {what} ({len(data)} bytes, {len(self.owed)} owed)")
+        self.owed = self.owed[len(data) :]
+        return not self.owed
+
+
+def echo_payload(size: int) -> bytes:
+    """Rule 6's request: `size` bytes of a printable pattern (checked when echoed).
+
+    Raises:
+        ValueError: `size` is not positive.
+    """
+    if size < 1:
+        raise ValueError(f"an echo request needs at least one byte, got --size {size}")
+    pattern = b"meshagent-bench-echo "
+    return (pattern * (size // len(pattern) + 1))[:size]
+
+
+class _Exchanger(asyncio.Protocol):
+    """One keep-alive connection; `ask()` sends a request and awaits its answer, which a
+    subclass's `data_received` recognizes (`_answered`)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[int] | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.status = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment] # uvloop's is not a subclass
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(exc)
+    def failure(self) -> str | None:
+        """The last answer's error kind (rule 4), None when it was a good one."""
+        return None
 
-    def on_message_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+    def _answered(self) -> None:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(time.perf_counter_ns())
 
@@ -101,12 +145,61 @@ class _Client(asyncio.Protocol):
             self.waiter.set_exception(exc)
 
     async def ask(self, data: bytes) -> int:
-        """Send `data`, wait for one full response: its completion time (perf ns)."""
+        """Send `data`, wait for one full answer: its completion time (perf ns)."""
         assert self.transport is not None  # noqa: S101 - after connection_made
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(data)
         async with asyncio.timeout(RESPONSE_TIMEOUT_S):
             return await self.waiter
+
+
+class _Client(_Exchanger):
+    """One HTTP/1.1 connection: a request in, a response back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(exc)
+
+    def on_message_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self._answered()
+
+    def failure(self) -> str | None:
+        return f"status {self.status}" if self.status >= 500 or self.status == 0 else None
+
+
+class _EchoClient(_Exchanger):
+    """One opaque TCP connection whose server echoes (rule 6)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reader = EchoReader()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            done = self.reader.received(data)
+        except EchoError as exc:
+            self._fail(exc)
+            return
+        if done:
+            self._answered()
+
+    async def ask(self, data: bytes) -> int:
+        self.reader.sent(data)
+        return await super().ask(data)
+
+
+Proto = Callable[[], _Exchanger]  # a connection's protocol: `_Client`, `_EchoClient`
+PROTOS: Final[dict[str, Proto]] = {"http": _Client, "echo": _EchoClient}
+# what may end one exchange (rule 4); anything else is a bug
+_EXCHANGE_ERRORS = (OSError, TimeoutError, httptools.HttpParserError, EchoError)
 
 
 class Run:
@@ -123,11 +216,12 @@ class Run:
         self.errors += n
         self.kinds[kind] = self.kinds.get(kind, 0) + n
 
-    def done(self, due_ns: int, sent_ns: int, done_ns: int, status: int) -> None:
+    def done(self, due_ns: int, sent_ns: int, done_ns: int, failure: str | None) -> None:
+        """One answer, done at `done_ns`; `failure` its error kind (rule 4) if bad."""
         if done_ns < self.record_from:
             return
-        if status >= 500 or status == 0:
-            self.fail(f"status {status}")
+        if failure is not None:
+            self.fail(failure)
             return
         self.requests += 1
         self.hist.record((done_ns - min(due_ns, sent_ns)) // 1000)
@@ -142,11 +236,11 @@ class Run:
         }
 
 
-async def _connect(host: str, port: int) -> _Client:
+async def _connect(host: str, port: int, proto: Proto) -> _Exchanger:
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(RESPONSE_TIMEOUT_S):
-        _, proto = await loop.create_connection(_Client, host, port)
-    return proto
+        _, client = await loop.create_connection(proto, host, port)
+    return client
 
 
 async def _paced_conn(  # noqa: PLR0913, PLR0917 - one connection's share of the schedule
@@ -157,12 +251,13 @@ async def _paced_conn(  # noqa: PLR0913, PLR0917 - one connection's share of the
     first_ns: int,
     step_ns: int,
     end_ns: int,
+    proto: Proto = _Client,
 ) -> None:
     """Connection k's share of a schedule (rules 1 and 5): within each slice (absolute
     perf ns start and end, and the `Run` it records into) a request due `first_ns` after
     its start and every `step_ns` after that; what is still owed when the whole load
-    ends (`end_ns`) is unsent (the target stalled)."""
-    client: _Client | None = None
+    ends (`end_ns`) is unsent (the target stalled). `proto`: HTTP, or echo (rule 6)."""
+    client: _Exchanger | None = None
     for start, end, run in slices:
         due = start + first_ns
         while due < end:
@@ -172,23 +267,29 @@ async def _paced_conn(  # noqa: PLR0913, PLR0917 - one connection's share of the
                 break
             if due - now > EARLY_S * 1e9:
                 await asyncio.sleep((due - now) / 1e9 - EARLY_S)
-            client = await _exchange(run, client, host, port, req, due_ns=due)
+            client = await _exchange(run, client, (host, port, proto), req, due_ns=due)
             due += step_ns
     _close(client)
 
 
-async def _exchange(  # noqa: PLR0913 - one request's facts
-    run: Run, client: _Client | None, host: str, port: int, req: bytes, *, due_ns: int | None
-) -> _Client | None:
-    """One request on `client` (connected first if needed), recorded in `run` as due at
-    `due_ns` (None: when sent); the client to use next, None after a failure."""
+async def _exchange(
+    run: Run,
+    client: _Exchanger | None,
+    where: tuple[str, int, Proto],
+    req: bytes,
+    *,
+    due_ns: int | None,
+) -> _Exchanger | None:
+    """One request on `client` (connected first to `where`, host, port and protocol, if
+    needed), recorded in `run` as due at `due_ns` (None: when sent); the client to use
+    next, None after a failure."""
     try:
         if client is None or client.closed.done():
-            client = await _connect(host, port)
+            client = await _connect(*where)
         sent = time.perf_counter_ns()
         done = await client.ask(req)
-        run.done(sent if due_ns is None else due_ns, sent, done, client.status)
-    except (OSError, TimeoutError, httptools.HttpParserError) as exc:
+        run.done(sent if due_ns is None else due_ns, sent, done, client.failure())
+    except _EXCHANGE_ERRORS as exc:
         run.fail(error_kind(exc))
         if client is not None and client.transport is not None:
             client.transport.abort()
@@ -202,7 +303,7 @@ def error_kind(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:80] if text else type(exc).__name__
 
 
-def _close(client: _Client | None) -> None:
+def _close(client: _Exchanger | None) -> None:
     if client is not None and client.transport is not None:
         client.transport.close()
 
@@ -240,7 +341,7 @@ async def _conn_loop(run: Run, host: str, port: int, req: bytes, end_ns: int) ->
                 transport, client = await loop.create_connection(_Client, host, port)
             try:
                 done = await client.ask(req)
-                run.done(start, start, done, client.status)
+                run.done(start, start, done, client.failure())
             finally:
                 transport.close()
         except (OSError, TimeoutError, httptools.HttpParserError) as exc:
@@ -265,9 +366,9 @@ async def run_conn(
 
 
 async def _rr_conn(run: Run, host: str, port: int, req: bytes, end_ns: int) -> None:
-    client: _Client | None = None
+    client: _Exchanger | None = None
     while time.perf_counter_ns() < end_ns:
-        client = await _exchange(run, client, host, port, req, due_ns=None)
+        client = await _exchange(run, client, (host, port, _Client), req, due_ns=None)
         if client is None:
             await asyncio.sleep(0.01)
     _close(client)
@@ -345,8 +446,11 @@ async def run_side(  # noqa: PLR0913 - the load's knobs
     slice_s: float,
     warmup: float = 0.0,
     seed: int = 0,
+    proto: str = "http",
+    size: int = 64,
 ) -> dict[str, Any]:
-    """Constant rate over `paths` (name, host, port) taking turns (module rule 5)."""
+    """Constant rate over `paths` (name, host, port) taking turns (module rule 5), of
+    HTTP/1.1 requests or, with `proto` "echo", `size` bytes echoed (rule 6)."""
     plan = slice_plan(len(paths), duration=duration, slice_s=slice_s, warmup=warmup, seed=seed)
     interval_ns = int(1e9 / rate)
     t0 = time.perf_counter_ns() + 200_000_000  # 200 ms to open every path's connections
@@ -364,11 +468,10 @@ async def run_side(  # noqa: PLR0913 - the load's knobs
             for s in plan
             if s.path == i
         ]
-        req = request_bytes(host)
+        req = echo_payload(size) if proto == "echo" else request_bytes(host)
         for k in range(connections):
-            conn = _paced_conn(
-                host, port, req, mine, k * interval_ns, interval_ns * connections, end_all
-            )
+            step = interval_ns * connections
+            conn = _paced_conn(host, port, req, mine, k * interval_ns, step, end_all, PROTOS[proto])
             tasks.append(aio.spawn(conn, name=f"{name}-{k}"))
     await asyncio.gather(*tasks)
     recorded = [s for s in plan if s.recorded]
@@ -403,7 +506,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=0.0)
     p.add_argument("--slice", type=float, default=1.0, help="side: seconds per turn")
     p.add_argument("--seed", type=int, default=0, help="side: the turns' shuffle")
+    p.add_argument("--proto", choices=sorted(PROTOS), default="http", help="side: rule 6")
+    p.add_argument("--size", type=int, default=64, help="side, echo: bytes per request")
     args = p.parse_args(argv)
+    if args.proto != "http" and args.mode != "side":
+        p.error(f"--proto {args.proto} runs in --mode side only, got --mode {args.mode}")
+    if args.size < 1:
+        p.error(f"--size must be at least 1 byte, got {args.size}")
     if args.mode == "side":
         if len(args.path) < 2:
             p.error("--mode side needs two or more --path NAME=IP:PORT")
@@ -429,6 +538,8 @@ def main(argv: list[str] | None = None) -> int:
             slice_s=args.slice,
             warmup=args.warmup,
             seed=args.seed,
+            proto=args.proto,
+            size=args.size,
         )
         sys.stdout.write(json.dumps(aio.run(side)) + "\n")
         return 0

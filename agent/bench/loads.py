@@ -10,6 +10,9 @@
                      loop: the bare small request/response latency of the path
     http1-side-N     agent.bench.loadgen --mode side: http1-rate-N over several
                      paths taking turns in 1 s slices (`http1_side`)
+    tcp-side-N       the same with --proto echo: N requests/s of 64 bytes of
+                     opaque TCP that the server echoes (`tcp_side`, netperf
+                     TCP_RR-like), to each path's echo port
 
 Rules:
 1. A load returns a `Measured`: requests (or bytes) done, errors, elapsed
@@ -41,6 +44,7 @@ SATURATE_CONNECTIONS = 64
 CONN_LOOPS = 16
 RR_CONNECTIONS = 1
 SIDE_SLICE_S = 1.0
+ECHO_SIZE = 64  # bytes per tcp-side request (agent.bench.loadgen rule 6)
 
 
 class LoadError(AgentError):
@@ -213,13 +217,46 @@ def http1_side(
     """`http1-rate-N` over `targets` taking turns in `SIDE_SLICE_S` slices, each target
     `duration` seconds (agent.bench.loadgen rule 5), sent from the first target's client
     pod; each target's numbers by its setup name."""
+    paths = [(t.setup, t.host, t.http_port) for t in targets]
+    return _side(f"http1-side-{rate}", targets[0], paths, rate, (duration, warmup))
+
+
+def tcp_side(
+    targets: list[Target], rate: int, duration: float, warmup: float
+) -> dict[str, Measured]:
+    """`http1_side`'s turns with `ECHO_SIZE` bytes of opaque TCP per request to each
+    target's echo port, echoed back (agent.bench.loadgen rule 6).
+
+    Raises:
+        LoadError: a target has no echo port, or the load generator failed.
+    """
+    load = f"tcp-side-{rate}"
+    missing = [t.setup for t in targets if not t.echo_port]
+    if missing:
+        raise LoadError(load, f"no echo port on {', '.join(missing)}")
+    paths = [(t.setup, t.host, t.echo_port) for t in targets]
+    echo = ("--proto=echo", f"--size={ECHO_SIZE}")
+    return _side(load, targets[0], paths, rate, (duration, warmup), more=echo)
+
+
+def _side(  # noqa: PLR0913 - the load, where from and to, and its knobs
+    load: str,
+    client: Target,
+    paths: list[tuple[str, str, int]],
+    rate: int,
+    times: tuple[float, float],
+    *,
+    more: tuple[str, ...] = (),
+) -> dict[str, Measured]:
+    """The load generator's side mode over `paths` (name, host, port) from `client`'s pod,
+    each path `times[0]` seconds after a warm-up of `times[1]`; `more` its extra flags."""
+    duration, warmup = times
     argv = [sys.executable, "-m", "agent.bench.loadgen", "--mode", "side", f"--rate={rate}"]
-    argv += [f"--path={t.setup}={t.host}:{t.http_port}" for t in targets]
+    argv += [f"--path={name}={host}:{port}" for name, host, port in paths]
     argv += [f"--connections={RATE_CONNECTIONS}", f"--duration={duration}", f"--warmup={warmup}"]
-    argv += [f"--slice={SIDE_SLICE_S}"]
-    load = f"http1-side-{rate}"
-    timeout = (duration + warmup) * len(targets) + 30
-    return _parse(load, from_side, _run(targets[0], load, argv, timeout))
+    argv += [f"--slice={SIDE_SLICE_S}", *more]
+    timeout = (duration + warmup) * len(paths) + 30
+    return _parse(load, from_side, _run(client, load, argv, timeout))
 
 
 def conn_rate(target: Target, duration: float, warmup: float) -> Measured:

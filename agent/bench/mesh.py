@@ -236,9 +236,10 @@ class NodeAgent:
             raise MeshError(self.name, f"GET /metrics answered {status}")
         return stat.parse(body.decode(), 0.0).samples
 
-    def target_ports(self) -> set[int]:
+    def target_ports(self, family: str = "tcp_open_total") -> set[int]:
         """The ports of the pods' servers it has proxied connections to so far (the
-        `target_port` of `tcp_open_total`, which inbound series carry).
+        `target_port` of `tcp_open_total`, which inbound series carry), or with `family`
+        "request_total" those it counted HTTP requests to.
 
         Raises:
             MeshError: its admin server did not answer with metrics.
@@ -246,7 +247,7 @@ class NodeAgent:
         return {
             int(value)
             for (name, labels), _ in self._samples().items()
-            if name == "tcp_open_total"
+            if name == family
             for key, value in labels
             if key == "target_port" and value.isdigit()
         }

@@ -40,6 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 from agent.bench import haproxy
 from agent.bench.topology import (
+    ECHO_PLAIN_PORT,
+    ECHO_PORT,
+    ECHO_SIDE_PORT,
     HTTP_PORT,
     IPERF_PORT,
     PLAIN_PORT,
@@ -147,13 +150,16 @@ def make_certs(directory: Path) -> tuple[haproxy.TlsFiles, haproxy.TlsFiles]:
     return out[0], out[1]
 
 
-def _direct(setup: str, topo: Topology, host: str, port: int = HTTP_PORT) -> Target:
+def _direct(
+    setup: str, topo: Topology, host: str, port: int = HTTP_PORT, echo_port: int = ECHO_PORT
+) -> Target:
     """The client straight to the server at `host`: no proxy."""
     return Target(
         setup=setup,
         client=topo.cli,
         host=host,
         http_port=port,
+        echo_port=echo_port,
         iperf_port=IPERF_PORT,
         hops=0,
         mtls=False,
@@ -222,10 +228,11 @@ def side_peers(topo: Topology, *, cross: str | None) -> Iterator[list[Target]]:
     if cross is not None:
         l7 = haproxy_two_hop(cross, SIDE_PORT, (SIDE_L7_HTTP_PORT, SIDE_L7_TLS_PORT))
         with haproxy_two_hop("tcp", SIDE_PORT)(topo) as proxy, l7(topo) as l7_proxy:
-            yield [_direct("direct-xnode", topo, topo.srv2.ip, SIDE_PORT), proxy, l7_proxy]
+            direct = _direct("direct-xnode", topo, topo.srv2.ip, SIDE_PORT, ECHO_SIDE_PORT)
+            yield [direct, proxy, l7_proxy]
         return
     with haproxy_one_hop("http", SIDE_PORT)(topo) as proxy:
-        yield [_direct("direct", topo, topo.srv.ip, SIDE_PORT), proxy]
+        yield [_direct("direct", topo, topo.srv.ip, SIDE_PORT, ECHO_SIDE_PORT), proxy]
 
 
 @contextlib.contextmanager
@@ -233,13 +240,20 @@ def accel_side_peers(
     topo: Topology, accelerated: Target, plain_setup: str
 ) -> Iterator[list[Target]]:
     """The peers sockmap's setup is measured beside (agent.bench.harness rule 10): `direct`
-    to the server's `SIDE_PORT`, and its own node agent's plain path, named `plain_setup`:
-    `accelerated`'s client and server on `PLAIN_PORT`, which the mesh meshes and
-    acceleration skips (topology rule 7)."""
+    to the server's `SIDE_PORT` (`ECHO_SIDE_PORT` for echo), and its own node agent's
+    plain path, named `plain_setup`: `accelerated`'s client and server on `PLAIN_PORT`
+    (`ECHO_PLAIN_PORT`), which the mesh meshes and acceleration skips (topology rules 7
+    and 8)."""
     plain = dataclasses.replace(
-        accelerated, setup=plain_setup, http_port=PLAIN_PORT, roots=[], agents=[], accel_maps=None
+        accelerated,
+        setup=plain_setup,
+        http_port=PLAIN_PORT,
+        echo_port=ECHO_PLAIN_PORT,
+        roots=[],
+        agents=[],
+        accel_maps=None,
     )
-    yield [_direct("direct", topo, topo.srv.ip, SIDE_PORT), plain]
+    yield [_direct("direct", topo, topo.srv.ip, SIDE_PORT, ECHO_SIDE_PORT), plain]
 
 
 def _floor(  # noqa: PLR0913 - where it runs, listens, forwards, its TLS, workers and log

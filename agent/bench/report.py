@@ -25,7 +25,11 @@ Rules:
    those are both at most `ACCEL_LATENCY_GOAL`; bulk is sane when the accelerated iperf3 run
    completed without error at `ACCEL_BULK_FLOOR` or more of the plain run's
    Gbit/s, in each direction that ran (`bulk`, and `bulk["reverse"]` for the
-   download).
+   download). Opaque TCP request/response (`tcp-side-N`, side by side against the
+   plain path too) is reported apart and never judged with HTTP: its ratios per
+   load in `latency_tcp`, their means `tcp_p50_mean` and `tcp_p99_mean`, and
+   `tcp_latency_goal_met` against the same `ACCEL_LATENCY_GOAL`; `latency`,
+   `p50_mean`, `p99_mean` and `latency_goal_met` are the HTTP loads' only.
 5. The Python floor (`python-floor`, agent.bench.floor): its http1-saturate
    rps and CPU per request over `haproxy-http`'s, and each same-node
    meshagent setup's over the floor's, named like rule 2's ratios. They say
@@ -57,7 +61,8 @@ Rules:
    median, and in how many rounds the variant did better (higher rps and
    Gbit/s, lower CPU per request and latency). The variant's own rows are
    combined as rule 6 says.
-10. Side by side (`http1-side-N`, agent.bench.harness rule 10): a row's `side`
+10. Side by side (`http1-side-N`, and for sockmap `tcp-side-N`: `side_load`;
+   agent.bench.harness rule 10): a row's `side`
    holds the peers measured in the same run of turns (`direct` and
    `haproxy-http`; across nodes `direct-xnode` and `haproxy-tls`; for sockmap
    `direct` and its plain path, `meshagent-ebpf`). Its
@@ -85,7 +90,7 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
 MEMORY_NOTE_WORKERS = (4, 8)  # rule 11: nodes of 4 and 8 CPUs
 LINKERD_SIDECAR_MB = (17.0, 26.0)  # Linkerd proxy memory per meshed pod (brief, Linkerd benchmarks)
@@ -99,6 +104,7 @@ FLOOR_SETUP = "python-floor"
 FLOOR_TLS_SETUP = "python-floor-tls"
 CROSS_PEER = "haproxy-tls"
 SIDE_PREFIX = "http1-side-"  # rule 10
+TCP_SIDE_PREFIX = "tcp-side-"  # rule 10, opaque TCP echo (rule 4 keeps it apart)
 # a side-by-side row's counts of the mesh's path (agent.bench.harness rule 10), summed
 SIDE_COUNTS = ("sent", "agent_requests", "agent_inbound_requests")
 L7_PEERS = ("haproxy-tls-h1", "haproxy-tls-h2")  # rule 8
@@ -128,6 +134,11 @@ COLUMNS = [
 def cross_node(setup: str) -> bool:
     """`setup`'s path spans both nodes (`a` and `b`)."""
     return setup.endswith("-xnode") or setup in (CROSS_PEER, *L7_PEERS, FLOOR_TLS_SETUP)
+
+
+def side_load(load: str) -> bool:
+    """Whether `load` ran side by side (rule 10): its peers' numbers are in its row."""
+    return load.startswith((SIDE_PREFIX, TCP_SIDE_PREFIX))
 
 
 def baseline_of(setup: str) -> str:
@@ -183,7 +194,7 @@ def _get(rows: Sequence[Row], setup: str, load: str, key: str) -> float | None:
 def _peer_get(rows: Sequence[Row], setup: str, peer: str, load: str, key: str) -> float | None:
     """The peer's `key` under `load` to compare `setup` with: from `setup`'s own row's
     side on a side-by-side load (rule 10), else from the peer's row."""
-    if not load.startswith(SIDE_PREFIX):
+    if not side_load(load):
         return _get(rows, peer, load, key)
     row = _row_of(rows, setup, load)
     return None if row is None else _number((row.get("side") or {}).get(peer, {}).get(key))
@@ -256,7 +267,8 @@ def _accel_ratios(rows: Sequence[Row]) -> dict[str, float]:
     out: dict[str, float] = {}
     loads = sorted({r["load"] for r in rows if r["setup"] == ACCEL_SETUP})
     for load in loads:
-        keys: tuple[str, ...] = ("p50_ms", "p99_ms") if _small_rr_load(load) else ()
+        small = _small_rr_load(load) or _tcp_rr_load(load)
+        keys: tuple[str, ...] = ("p50_ms", "p99_ms") if small else ()
         keys += ("gbps",) if load in BULK_LOADS else ()
         for key in keys:
             value = _accel_ratio(rows, load, key)
@@ -273,14 +285,26 @@ def _accel_ratio(rows: Sequence[Row], load: str, key: str) -> float | None:
 
 
 def _small_rr_load(load: str) -> bool:
+    """An HTTP small request/response load (rule 4's `latency`)."""
     return load == "http1-rr" or load.startswith(("http1-rate-", SIDE_PREFIX))
 
 
+def _tcp_rr_load(load: str) -> bool:
+    """An opaque TCP request/response load (rule 4's `latency_tcp`)."""
+    return load.startswith(TCP_SIDE_PREFIX)
+
+
 def accel_judged(loads: Sequence[str]) -> tuple[list[str], str]:
-    """Of sockmap's latency `loads`, those its goal is judged on, and which kind (rule 4):
-    the side-by-side ones where any ran, else all."""
-    side = [load for load in loads if load.startswith(SIDE_PREFIX)]
-    return (side, "side") if side else (list(loads), "sequential")
+    """Of sockmap's latency `loads`, those its (HTTP) goal is judged on, and which kind
+    (rule 4): the HTTP side-by-side ones where any ran, else all HTTP ones; never TCP's."""
+    http = [load for load in loads if not _tcp_rr_load(load)]
+    side = [load for load in http if load.startswith(SIDE_PREFIX)]
+    return (side, "side") if side else (http, "sequential")
+
+
+def accel_tcp_judged(loads: Sequence[str]) -> list[str]:
+    """Of sockmap's latency `loads`, those its opaque TCP verdict is judged on (rule 4)."""
+    return [load for load in loads if _tcp_rr_load(load)]
 
 
 def mean(values: list[float]) -> float | None:
@@ -297,18 +321,14 @@ def accel_summary(rows: Sequence[Row]) -> dict[str, Any] | None:
     setup ran a latency load or a bulk one."""
     if not any(r["setup"] == ACCEL_SETUP for r in rows):
         return None
-    latency: dict[str, dict[str, float | None]] = {}
-    for load in sorted({r["load"] for r in rows if _small_rr_load(r["load"])}):
-        pair = {key: _accel_ratio(rows, load, key) for key in ("p50_ms", "p99_ms")}
-        if any(v is not None for v in pair.values()):
-            latency[load] = {"p50": pair["p50_ms"], "p99": pair["p99_ms"]}
+    latency = _accel_latency(rows, _small_rr_load)
+    latency_tcp = _accel_latency(rows, _tcp_rr_load)
     bulk = _accel_bulk(rows)
-    if not latency and bulk is None:
+    if not latency and not latency_tcp and bulk is None:
         return None
     judged, kind = accel_judged(list(latency))
-    p50, p99 = (
-        mean([v for x in judged if (v := latency[x][key]) is not None]) for key in ("p50", "p99")
-    )
+    p50, p99 = _means(latency, judged)
+    tcp_p50, tcp_p99 = _means(latency_tcp, accel_tcp_judged(list(latency_tcp)))
     return {
         "latency": latency,
         "judged_on": kind,
@@ -316,8 +336,34 @@ def accel_summary(rows: Sequence[Row]) -> dict[str, Any] | None:
         "p99_mean": p99,
         "latency_goal": ACCEL_LATENCY_GOAL,
         "latency_goal_met": accel_latency_met(p50, p99),
+        "latency_tcp": latency_tcp,
+        "tcp_p50_mean": tcp_p50,
+        "tcp_p99_mean": tcp_p99,
+        "tcp_latency_goal_met": accel_latency_met(tcp_p50, tcp_p99),
         "bulk": bulk,
     }
+
+
+def _accel_latency(
+    rows: Sequence[Row], kind: Callable[[str], bool]
+) -> dict[str, dict[str, float | None]]:
+    """Sockmap's p50 and p99 ratios per load of `kind` (rule 4), loads with neither left out."""
+    latency: dict[str, dict[str, float | None]] = {}
+    for load in sorted({r["load"] for r in rows if kind(r["load"])}):
+        pair = {key: _accel_ratio(rows, load, key) for key in ("p50_ms", "p99_ms")}
+        if any(v is not None for v in pair.values()):
+            latency[load] = {"p50": pair["p50_ms"], "p99": pair["p99_ms"]}
+    return latency
+
+
+def _means(
+    latency: Mapping[str, Mapping[str, float | None]], judged: Sequence[str]
+) -> tuple[float | None, float | None]:
+    """The mean p50 and p99 ratios over the `judged` loads of `latency`."""
+    p50, p99 = (
+        mean([v for x in judged if (v := latency[x][key]) is not None]) for key in ("p50", "p99")
+    )
+    return p50, p99
 
 
 def _accel_bulk(rows: Sequence[Row]) -> dict[str, Any] | None:
@@ -368,6 +414,21 @@ def accel_notes(summary: Mapping[str, Any] | None) -> list[str]:
         f"sockmap acceleration ({ACCEL_SETUP} / {ACCEL_PEER}): p50 {summary['p50_mean']}x, "
         f"p99 {summary['p99_mean']}x over {loads}; "
         f"goal <= {ACCEL_LATENCY_GOAL}x {verdict}; bulk {bulk_text}"
+    )
+    return [line, *_accel_tcp_notes(summary)]
+
+
+def _accel_tcp_notes(summary: Mapping[str, Any]) -> list[str]:
+    """Rule 4's opaque TCP line, apart from HTTP's; none when no `tcp-side-N` ran."""
+    tcp = accel_tcp_judged(list(summary.get("latency_tcp") or {}))
+    if not tcp:
+        return []
+    met = summary["tcp_latency_goal_met"]
+    verdict = "not measured" if met is None else ("met" if met else "not met")
+    line = (
+        f"sockmap acceleration, opaque TCP ({ACCEL_SETUP} / {ACCEL_PEER}, not in the goal "
+        f"above): p50 {summary['tcp_p50_mean']}x, p99 {summary['tcp_p99_mean']}x over "
+        f"{', '.join(tcp)}; <= {ACCEL_LATENCY_GOAL}x {verdict}"
     )
     return [line]
 
@@ -519,7 +580,8 @@ def side_notes(rows: Sequence[Row]) -> list[str]:
         side = r.get("side")
         if not side or r.get("error"):
             continue
-        rate = r["load"].removeprefix(SIDE_PREFIX)
+        tcp = _tcp_rr_load(r["load"])
+        rate = r["load"].removeprefix(TCP_SIDE_PREFIX if tcp else SIDE_PREFIX)
         base = baseline_of(r["setup"])
         cross = cross_node(r["setup"])
         haproxy = CROSS_PEER if cross else "haproxy-http"
@@ -540,7 +602,8 @@ def side_notes(rows: Sequence[Row]) -> list[str]:
                 if ratio is not None:
                     quotients.append(f"{ratio}x {peer_name}'s")
             verdict = f": {', '.join(quotients)} added p99" if quotients else ""
-        lines.append(f"side by side at {rate} req/s (1 s turns): {'; '.join(parts)}{verdict}")
+        what = "opaque TCP echo " if tcp else ""
+        lines.append(f"{what}side by side at {rate} req/s (1 s turns): {'; '.join(parts)}{verdict}")
     return lines
 
 

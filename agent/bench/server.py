@@ -1,8 +1,9 @@
 """The bench's test server: HTTP/1.1 keep-alive and h2c (prior knowledge), tiny answers.
 
-`python -m agent.bench.server --port 8080 [--port 8081...]` runs inside the
-server pod (started with `LabPod.spawn`), on uvloop, and answers every request
-`200 ok` (2 bytes), on each port alike.
+`python -m agent.bench.server --port 8080 [--port 8081...] [--echo-port 7080...]`
+runs inside the server pod (started with `LabPod.spawn`), on uvloop, and answers
+every request `200 ok` (2 bytes), on each port alike; on each echo port it sends
+back what it reads (rule 4).
 
 Rules:
 1. A connection whose first bytes are the HTTP/2 preface speaks h2c (the
@@ -12,6 +13,9 @@ Rules:
 2. One process, one loop: the server's cost is the same in every setup.
 3. An h2 stream the client has already reset or closed when its answer is
    written is skipped; the connection and its other streams go on.
+4. An echo port speaks no protocol: every byte read is written back as it came,
+   in order (opaque TCP, netperf TCP_RR's server; agent.bench.loadgen rule 6). It
+   runs on the same loop as the HTTP ports (rule 2).
 """
 
 from __future__ import annotations
@@ -130,15 +134,33 @@ class _Server(asyncio.Protocol):
         self.proto.feed(data)
 
 
-async def start(host: str, port: int) -> asyncio.Server:
-    """Listen on `host:port` (0: any free port) and answer on the running loop."""
+class _Echo(asyncio.Protocol):
+    """Rule 4: what comes in goes back out."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment] # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None  # noqa: S101 - after connection_made
+        self.transport.write(data)
+
+
+async def start(host: str, port: int, *, echo: bool = False) -> asyncio.Server:
+    """Listen on `host:port` (0: any free port) and answer on the running loop: HTTP, or
+    with `echo` send back what comes (rule 4)."""
     loop = asyncio.get_running_loop()
-    return await loop.create_server(_Server, host, port, backlog=4096, reuse_address=True)
+    proto = _Echo if echo else _Server
+    return await loop.create_server(proto, host, port, backlog=4096, reuse_address=True)
 
 
-async def serve(host: str, ports: list[int]) -> None:
-    """Answer on each of `ports` from this one loop (rule 2)."""
+async def serve(host: str, ports: list[int], echo_ports: list[int] | None = None) -> None:
+    """Answer on each of `ports`, and echo on each of `echo_ports`, from this one loop
+    (rules 2 and 4)."""
     servers = [await start(host, port) for port in ports]
+    servers += [await start(host, port, echo=True) for port in echo_ports or []]
     await asyncio.gather(*(server.serve_forever() for server in servers))
 
 
@@ -146,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m agent.bench.server")
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, action="append", help="repeat for more (default 8080)")
+    p.add_argument("--echo-port", type=int, action="append", help="rule 4; repeat for more")
     args = p.parse_args(argv)
-    aio.run(serve(args.host, args.port or [8080]))
+    aio.run(serve(args.host, args.port or [8080], args.echo_port))
     return 0
 
 

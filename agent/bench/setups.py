@@ -63,6 +63,7 @@ from agent.bench.peers import (
     python_floor_tls,
 )
 from agent.bench.topology import (
+    ECHO_PORT,
     HTTP_PORT,
     IPERF_PORT,
     POD_SYSCTLS,
@@ -220,6 +221,7 @@ def _meshagent(mode: str, *, xnode: bool, accel: bool = False, upgrade: str = "a
                 client=topo.cli,
                 host=server.ip,
                 http_port=HTTP_PORT,
+                echo_port=ECHO_PORT,
                 iperf_port=IPERF_PORT,
                 hops=2,
                 mtls=xnode,

@@ -3,14 +3,14 @@
 One `agent.netlab.Lab`: two isolated nodes `a` and `b`, linked; pods `cli` and
 `srv` on `a`, `srv2` on `b`. `srv` and `srv2` run the bench server
 (`agent.bench.server`, :8080, :8081 outside the mesh: `SIDE_PORT`, and :8082 meshed
-but never accelerated: `PLAIN_PORT`) and
-`iperf3 -s` (:5201). Bench pods are lab pods
+but never accelerated: `PLAIN_PORT`; its echo ports the same three ways, :7080, :7081
+and :7082: rule 8) and `iperf3 -s` (:5201). Bench pods are lab pods
 named `pod<UID>` (`agent.bench.mesh.make_pod`) so node agents discover them.
 Also here: `Target`, what every setup (`agent.bench.setups`) yields, and
 `BenchError`, what a setup raises when it cannot start.
 
 Rules:
-1. `build_topology` returns only once both servers answer on both ports, seen
+1. `build_topology` returns only once both servers answer on every port, seen
    from `cli`; every pod gets `POD_SYSCTLS` first.
 2. A pod's sysctls are written from a thread inside its netns (/proc/sys/net
    follows the thread's netns); one the kernel refuses is skipped.
@@ -43,6 +43,14 @@ Rules:
 7. `cli` and `srv` skip `PLAIN_PORT` in sockmap acceleration (skip-accel-ports):
    meshed like `HTTP_PORT`, never accelerated, the plain path sockmap's
    side-by-side loads compare with. Without acceleration it is `HTTP_PORT`'s twin.
+8. The servers' echo ports (agent.bench.server rule 4) mirror those three for the
+   opaque TCP side-by-side loads (`tcp-side-N`, agent.bench.harness rule 10):
+   `ECHO_PORT` meshed and accelerated, `ECHO_SIDE_PORT` skipped as `SIDE_PORT` is
+   (cli outbound, srv and srv2 inbound), `ECHO_PLAIN_PORT` in cli's and srv's
+   skip-accel-ports as `PLAIN_PORT` is. srv's and srv2's manifests name the two meshed
+   ones in `config.linkerd.io/opaque-ports`, so the control plane's profile and
+   policy say opaque and the node agent relays them byte for byte, with no protocol
+   detection (its metrics count TCP connections to them, no HTTP requests).
 """
 
 from __future__ import annotations
@@ -65,7 +73,12 @@ from agent import config
 from agent.bench.mesh import BenchPod, MeshPlane, NodeAgent, make_pod
 from agent.errors import AgentError
 from agent.redirect import netns
-from agent.redirect.annotations import SKIP_ACCEL_PORTS, SKIP_INBOUND_PORTS, SKIP_OUTBOUND_PORTS
+from agent.redirect.annotations import (
+    OPAQUE_PORTS,
+    SKIP_ACCEL_PORTS,
+    SKIP_INBOUND_PORTS,
+    SKIP_OUTBOUND_PORTS,
+)
 
 if TYPE_CHECKING:
     from agent.netlab import Lab, LabNode, LabPod
@@ -81,6 +94,12 @@ SIDE_PORT = 8081
 # sockmap's side-by-side loads run its accelerated path (HTTP_PORT) and the plain one
 # on one node agent, taking turns (agent.bench.harness rule 10).
 PLAIN_PORT = 8082
+# The servers' echo ports (rule 8), the three above's twins for opaque TCP: meshed and
+# accelerated, outside the mesh, meshed but never accelerated.
+ECHO_PORT = 7080
+ECHO_SIDE_PORT = 7081
+ECHO_PLAIN_PORT = 7082
+ECHO_PORTS = (ECHO_PORT, ECHO_SIDE_PORT, ECHO_PLAIN_PORT)
 IPERF_PORT = 5201
 PROXY_HTTP_PORT = 18080  # HAProxy's (and the floor's) listeners in the client pod
 PROXY_IPERF_PORT = 15201
@@ -98,6 +117,7 @@ LISTEN_PORTS = tuple(
             HTTP_PORT,
             SIDE_PORT,
             PLAIN_PORT,
+            *ECHO_PORTS,
             IPERF_PORT,
             PROXY_HTTP_PORT,
             PROXY_IPERF_PORT,
@@ -184,6 +204,7 @@ class Target:
     notes: str = ""
     http_aware: bool = True  # can it carry HTTP loads
     h2: bool = True  # can it carry HTTP/2 (prior knowledge)
+    echo_port: int = 0  # the server's echo port on this path (rule 8), 0: none
     agents: list[NodeAgent] = field(default_factory=list)  # meshagent setups: the node agents
     accel_maps: Path | None = None  # accelerated eBPF setups: the agent's pinned maps
 
@@ -312,15 +333,18 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
         workdir=workdir,
         mesh=MeshPlane(workdir=workdir),
     )
-    ports = (HTTP_PORT, PLAIN_PORT, IPERF_PORT)
-    # the side-by-side peers' ports stay outside the mesh: the server's second port, and
-    # across nodes haproxy-tls's hop from cli to its listener in srv2 (rule 6); the third
-    # port is meshed but never accelerated (rule 7)
-    plain = (SKIP_ACCEL_PORTS, str(PLAIN_PORT))
+    ports = (HTTP_PORT, PLAIN_PORT, ECHO_PORT, ECHO_PLAIN_PORT, IPERF_PORT)
+    # the side-by-side peers' ports stay outside the mesh: the server's second port (and
+    # its echo twin), and across nodes haproxy-tls's hop from cli to its listener in srv2
+    # (rule 6); the third port (and its echo twin) is meshed but never accelerated
+    # (rule 7); the meshed echo ports are opaque (rule 8)
+    plain = (SKIP_ACCEL_PORTS, _ports(PLAIN_PORT, ECHO_PLAIN_PORT))
+    opaque = (OPAQUE_PORTS, _ports(ECHO_PORT, ECHO_PLAIN_PORT))
     peers_out = (SIDE_PORT, PROXY_HTTP_PORT, TLS_HTTP_PORT, SIDE_L7_HTTP_PORT, SIDE_L7_TLS_PORT)
-    skip_out = ((SKIP_OUTBOUND_PORTS, ",".join(map(str, peers_out))), plain)
-    skip_in = ((SKIP_INBOUND_PORTS, str(SIDE_PORT)), plain)
-    skip_in2 = ((SKIP_INBOUND_PORTS, f"{SIDE_PORT},{TLS_HTTP_PORT},{SIDE_L7_TLS_PORT}"),)
+    skip_out = ((SKIP_OUTBOUND_PORTS, _ports(*peers_out, ECHO_SIDE_PORT)), plain)
+    skip_in = ((SKIP_INBOUND_PORTS, _ports(SIDE_PORT, ECHO_SIDE_PORT)), plain, opaque)
+    peers_in2 = (SIDE_PORT, TLS_HTTP_PORT, SIDE_L7_TLS_PORT, ECHO_SIDE_PORT)
+    skip_in2 = ((SKIP_INBOUND_PORTS, _ports(*peers_in2)), opaque)
     topo.mesh.add(
         [
             BenchPod(role="cli", node=a.name, ip=topo.cli.ip, annotations=skip_out),
@@ -334,22 +358,23 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
         tune_pod(pod)
     server = [sys.executable, "-m", "agent.bench.server"]
     for pod in (topo.srv, topo.srv2):
-        pod.spawn(
-            [*server, *(f"--port={port}" for port in (HTTP_PORT, SIDE_PORT, PLAIN_PORT))],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        argv = [*server, *(f"--port={port}" for port in (HTTP_PORT, SIDE_PORT, PLAIN_PORT))]
+        argv += [f"--echo-port={port}" for port in ECHO_PORTS]
+        pod.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         pod.spawn(
             ["iperf3", "-s", "-p", str(IPERF_PORT)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
     for pod in (topo.srv, topo.srv2):
-        wait_port(topo.cli, pod.ip, HTTP_PORT)
-        wait_port(topo.cli, pod.ip, SIDE_PORT)
-        wait_port(topo.cli, pod.ip, PLAIN_PORT)
-        wait_port(topo.cli, pod.ip, IPERF_PORT)
+        for port in (HTTP_PORT, SIDE_PORT, PLAIN_PORT, *ECHO_PORTS, IPERF_PORT):
+            wait_port(topo.cli, pod.ip, port)
     return topo
+
+
+def _ports(*ports: int) -> str:
+    """An annotation's port list: `8081,7081`."""
+    return ",".join(map(str, ports))
 
 
 def new_workdir(base: Path | None = None) -> Path:

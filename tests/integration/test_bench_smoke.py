@@ -34,7 +34,7 @@ def _bench(out: Path, setups: str, loads: str, *more: str, timeout: float) -> di
 @pytest.fixture(scope="module")
 def doc(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    loads = "http1-rate-1000,http1-side-1000,http1-saturate,memory-1"
+    loads = "http1-rate-1000,http1-side-1000,tcp-side-1000,http1-saturate,memory-1"
     data = _bench(out, SETUPS, loads, "--profile", timeout=170)
     data["out"] = str(out)
     return data
@@ -186,6 +186,37 @@ def test_sockmap_side_by_side_takes_turns_with_its_own_plain_path_which_is_not_a
     assert doc["accel"]["judged_on"] == "side"
     assert doc["ratios"]["accel_p50:meshagent-ebpf-accel/meshagent-ebpf@http1-side-1000"] > 0
     assert any("the plain path's (meshagent-ebpf)" in n for n in doc["notes"])
+
+
+@pytest.mark.timeout(180)
+def test_sockmap_opaque_tcp_side_by_side_goes_through_the_agent_as_tcp_not_http(doc):
+    rows = {(r["setup"], r["load"]): r for r in doc["results"]}
+    assert ("meshagent-ebpf", "tcp-side-1000") not in rows  # sockmap's setup only
+    row = rows["meshagent-ebpf-accel", "tcp-side-1000"]
+    assert row["errors"] == 0, row
+    assert set(row["side"]) == {"direct", "meshagent-ebpf"}
+    for peer in row["side"].values():
+        assert peer["errors"] == 0, row
+        assert peer["requests"] == row["requests"] > 0  # the same schedule, in turns
+        assert 0 < peer["p50_ms"] <= peer["p99_ms"]
+    # the meshed echo ports are opaque (topology rule 8): the node agent relayed both as
+    # TCP connections and counted no HTTP request on them; the side port bypassed it
+    echo_meshed = {topology.ECHO_PORT, topology.ECHO_PLAIN_PORT}
+    assert row["agent_requests"] == row["agent_inbound_requests"] == 0, row
+    assert echo_meshed <= set(row["agent_target_ports"]), row
+    assert topology.ECHO_SIDE_PORT not in row["agent_target_ports"], row
+    assert not echo_meshed & set(row["agent_http_target_ports"]), row
+    assert row["sent"] > 2 * row["requests"]  # both meshed paths', warm-up included
+    assert "accel" in row  # sockmap's counters over the load
+    accel = doc["accel"]
+    assert accel["latency_tcp"]["tcp-side-1000"]["p50"] > 0
+    assert "tcp-side-1000" not in accel["latency"]  # never in the HTTP verdict
+    assert accel["judged_on"] == "side"  # on http1-side-1000
+    ratio = "accel_p50:meshagent-ebpf-accel/meshagent-ebpf@tcp-side-1000"
+    assert doc["ratios"][ratio] > 0
+    assert any(n.startswith("sockmap acceleration, opaque TCP") for n in doc["notes"])
+    (goal,) = [g for g in doc["goals"] if g["goal"] == "sockmap-tcp"]
+    assert set(goal["values"]) == {"p50", "p99"}
 
 
 @pytest.mark.timeout(180)

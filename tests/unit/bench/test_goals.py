@@ -21,6 +21,7 @@ def test_every_goal_is_listed_in_order_and_one_nothing_measured_is_not_met_or_mi
         "added-p99",
         "tcp-throughput",
         "sockmap",
+        "sockmap-tcp",
         "cpu",
         "memory",
     ]
@@ -127,6 +128,61 @@ def test_with_rounds_sockmap_latency_is_the_mean_of_its_ratios_within_rounds():
     got = _by_name(_doc({}, accel=accel, ratios_paired=paired))["sockmap"]
     assert got["values"] == {"p50": 0.9, "p99": 0.7, "bulk_sane": True}
     assert got["met"] is False
+
+
+def test_sockmap_opaque_tcp_is_a_line_of_its_own_and_never_in_sockmaps():
+    accel = {
+        "p50_mean": 0.8,
+        "p99_mean": 0.84,
+        "latency_goal_met": True,
+        "bulk": None,
+        "latency_tcp": {"tcp-side-1000": {"p50": 1.0, "p99": 0.9}},
+        "tcp_p50_mean": 1.0,
+        "tcp_p99_mean": 0.9,
+    }
+    got = _by_name(_doc({}, accel=accel))
+    assert got["sockmap"]["values"] == {"p50": 0.8, "p99": 0.84}
+    assert got["sockmap"]["met"] is True
+    assert got["sockmap-tcp"]["values"] == {"p50": 1.0, "p99": 0.9}
+    assert got["sockmap-tcp"]["met"] is False
+    lines = goals.lines(goals.judge(_doc({}, accel=accel), JUDGED))
+    sockmap = next(i for i, line in enumerate(lines) if line.startswith("sockmap: "))
+    assert lines[sockmap + 1] == (
+        "sockmap, opaque TCP (tcp-side-N, judged apart): latency <= 0.85x the plain path's: "
+        "NOT MET: p50 1.0, p99 0.9"
+    )
+    del accel["latency_tcp"]  # a run without tcp-side loads
+    assert _by_name(_doc({}, accel=accel))["sockmap-tcp"]["met"] is None
+
+
+def test_with_rounds_opaque_tcp_and_http_each_take_the_means_of_their_own_ratios():
+    pair = "meshagent-ebpf-accel/meshagent-ebpf"
+    accel = {
+        "p50_mean": 0.95,
+        "p99_mean": 0.95,
+        "bulk": None,
+        "latency_tcp": {"tcp-side-1000": {}},
+        "tcp_p50_mean": 0.95,
+        "tcp_p99_mean": 0.95,
+    }
+    paired = {
+        f"accel_p50:{pair}@http1-side-1000": 0.8,
+        f"accel_p99:{pair}@http1-side-1000": 0.7,
+        f"accel_p50:{pair}@tcp-side-1000": 1.1,
+        f"accel_p99:{pair}@tcp-side-1000": 1.0,
+        f"accel_p50:{pair}@tcp-side-2000": 0.9,
+        f"accel_p99:{pair}@tcp-side-2000": 0.8,
+    }
+    got = _by_name(_doc({}, accel=accel, ratios_paired=paired))
+    assert got["sockmap"]["values"] == {"p50": 0.8, "p99": 0.7}
+    assert got["sockmap"]["met"] is True
+    assert got["sockmap-tcp"]["values"] == {"p50": 1.0, "p99": 0.9}
+    assert (got["sockmap-tcp"]["met"], got["sockmap-tcp"]["source"]) == (False, "paired")
+    # TCP's rounds alone never stand in for HTTP's sequential loads either
+    only_tcp = {k: v for k, v in paired.items() if "tcp-side" in k}
+    got = _by_name(_doc({}, accel=accel, ratios_paired=only_tcp))
+    assert got["sockmap"]["values"] == {"p50": None, "p99": None}
+    assert got["sockmap"]["met"] is None
 
 
 def test_short_loads_carry_a_caveat_and_verdict_length_loads_none():

@@ -26,6 +26,7 @@ from agent.bench.harness import (
     missing_env,
     native_notes,
     side_by_side,
+    tcp_side_by_side,
     variant_order,
 )
 
@@ -113,6 +114,19 @@ def test_side_by_side_runs_on_meshagent_setups_at_1000_in_quick_runs():
     assert {"http1-side-1000", "http1-side-2000"} <= set(full.loads)
     named = Options.make(quick=False, loads_="http1-side")
     assert named.loads == ("http1-side-1000", "http1-side-2000")
+
+
+def test_opaque_tcp_side_by_side_runs_on_sockmap_only_at_the_http_side_rates():
+    assert [s for s in setups.SETUPS if tcp_side_by_side(s)] == ["meshagent-ebpf-accel"]
+    quick, full = Options.make(quick=True), Options.make(quick=False)
+    assert "tcp-side-1000" in quick.loads
+    assert "tcp-side-2000" not in quick.loads  # as http1-side-2000
+    assert {"tcp-side-1000", "tcp-side-2000"} <= set(full.loads)
+    assert full.runs("meshagent-ebpf-accel", "tcp-side-2000")
+    named = Options.make(quick=False, loads_="tcp-side")
+    assert named.loads == ("tcp-side-1000", "tcp-side-2000")
+    both = Options.make(quick=True, loads_="tcp-side-1000,http1-side-1000")
+    assert both.loads == ("tcp-side-1000", "http1-side-1000")
 
 
 def testaccel_delta_is_each_counter_increase_and_nothing_without_counts():

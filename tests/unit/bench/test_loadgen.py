@@ -1,10 +1,11 @@
-"""The load generator's closed-loop `rr` mode and its error kinds against a real HTTP server on
-127.0.0.1."""
+"""The load generator's closed-loop `rr` mode, its error kinds and its side-by-side turns
+against real servers on 127.0.0.1 (HTTP, and echo: rule 6); its slice plan and echo framing."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 
 import pytest
@@ -145,6 +146,117 @@ async def test_side_sends_each_path_its_rate_in_its_own_turns_only():
     ],
 )
 def test_side_arguments_are_checked_with_what_was_given(argv, says, capsys):
+    with pytest.raises(SystemExit):
+        loadgen.parse_args(argv)
+    assert says in capsys.readouterr().err
+
+
+# --- echo (rule 6) ------------------------------------------------------------------------
+
+
+def test_an_echo_is_done_when_every_byte_sent_came_back_in_any_pieces():
+    reader = loadgen.EchoReader()
+    reader.sent(b"abcdef")
+    assert reader.received(b"ab") is False
+    assert reader.received(b"cde") is False
+    assert reader.received(b"f") is True
+    reader.sent(b"xy")  # the next request on the same connection
+    assert reader.received(b"xy") is True
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"abX", "other bytes (3 bytes, 6 owed)"),
+        (b"abcdefg", "more than was sent (7 bytes, 6 owed)"),
+    ],
+)
+def test_an_echo_of_other_bytes_or_of_more_than_was_sent_is_an_error(data, says):
+    reader = loadgen.EchoReader()
+    reader.sent(b"abcdef")
+    with pytest.raises(loadgen.EchoError, match=re.escape(says)):
+        reader.received(data)
+
+
+def test_bytes_when_nothing_is_owed_are_an_error():
+    with pytest.raises(loadgen.EchoError, match="more than was sent"):
+        loadgen.EchoReader().received(b"x")
+
+
+def test_an_echo_request_is_size_bytes_of_a_pattern_and_never_empty():
+    assert len(loadgen.echo_payload(64)) == 64
+    assert len(loadgen.echo_payload(1000)) == 1000
+    assert loadgen.echo_payload(4) == b"mesh"
+    with pytest.raises(ValueError, match="at least one byte, got --size 0"):
+        loadgen.echo_payload(0)
+
+
+async def _echo_server(arrivals: list[int], *, spoil: bool = False) -> asyncio.Server:
+    """Echoes what comes, byte for byte (`spoil`: the first byte changed); `arrivals` gets
+    each read's time (perf ns)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                arrivals.append(time.perf_counter_ns())
+                writer.write(b"?" + data[1:] if spoil else data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+async def test_side_echo_sends_each_path_its_rate_of_echoed_requests_in_its_own_turns():
+    """Rule 6 keeps rule 5's turns, rate and counts: `size` bytes out, the same back."""
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+    a, b = await _echo_server(seen["a"]), await _echo_server(seen["b"])
+    paths = [(n, "127.0.0.1", s.sockets[0].getsockname()[1]) for n, s in (("a", a), ("b", b))]
+    async with a, b:
+        out = await loadgen.run_side(
+            paths,
+            rate=200,
+            connections=2,
+            duration=0.6,
+            slice_s=0.2,
+            warmup=0.1,
+            proto="echo",
+            size=64,
+        )
+    for name in ("a", "b"):
+        got = out["paths"][name]
+        assert got["errors"] == 0, got
+        assert got["requests"] == 120  # 200/s for 0.6 s
+        assert got["warmup_requests"] == 20
+        assert Histogram.from_dict(got["hist"]).count == 120
+        assert len(seen[name]) == 140  # one 64-byte request per read: nothing batched
+
+
+async def test_side_echo_counts_a_wrong_echo_as_an_error_of_its_kind():
+    a = await _echo_server([], spoil=True)
+    b = await _echo_server([])
+    paths = [(n, "127.0.0.1", s.sockets[0].getsockname()[1]) for n, s in (("a", a), ("b", b))]
+    async with a, b:
+        out = await loadgen.run_side(
+            paths, rate=100, connections=1, duration=0.2, slice_s=0.1, proto="echo", size=8
+        )
+    spoiled, fine = out["paths"]["a"], out["paths"]["b"]
+    assert spoiled["requests"] == 0
+    assert spoiled["errors"] > 0
+    assert set(spoiled["error_kinds"]) == {"EchoError: echo returned other bytes (8 bytes, 8 owed)"}
+    assert (fine["errors"], fine["requests"]) == (0, 20)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--mode", "rate", "--target", "h:1", "--proto", "echo"], "runs in --mode side only"),
+        (["--mode", "side", "--path", "a=h:1", "--path", "b=h:2", "--size", "0"], "at least 1"),
+    ],
+)
+def test_echo_arguments_are_checked_with_what_was_given(argv, says, capsys):
     with pytest.raises(SystemExit):
         loadgen.parse_args(argv)
     assert says in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""Parsers of the load tools' output, on output recorded from the real tools."""
+"""Parsers of the load tools' output, on output recorded from the real tools; what a load
+refuses before it runs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from agent.bench import loads
 from agent.bench.hist import Histogram
+from agent.bench.topology import Target
 
 WRK = """Running 2s test @ http://10.200.1.3:8080/
   2 threads and 64 connections
@@ -68,3 +70,28 @@ def test_unreadable_output_raises_value_error():
         loads.from_wrk("unable to connect")
     with pytest.raises(ValueError, match="iperf3"):
         loads.from_iperf3(json.dumps({"error": "unable to connect to server"}))
+
+
+def test_side_json_gives_each_paths_measured_with_its_warm_up():
+    h = Histogram()
+    for v in (100, 200, 300):
+        h.record(v)
+    one = {"requests": 3, "errors": 0, "elapsed_s": 1.0, "hist": h.to_dict()}
+    text = json.dumps({"paths": {"direct": {**one, "warmup_requests": 2}, "b": one}})
+    got = loads.from_side(text)
+    assert set(got) == {"direct", "b"}
+    assert (got["direct"].requests, got["direct"].warmup_requests) == (3, 2)
+    assert got["b"].p50_ms == pytest.approx(h.percentile(50) / 1000)
+
+
+def test_tcp_side_refuses_a_path_without_an_echo_port_before_it_starts_anything():
+    def target(setup: str, echo_port: int) -> Target:
+        # no pod: the load must fail before it runs anything in one
+        return Target(
+            setup=setup, client=None, host="10.0.0.1", http_port=8080, echo_port=echo_port,
+            iperf_port=0, hops=0, mtls=False,
+        )  # fmt: skip
+
+    targets = [target("direct", 7081), target("haproxy-http", 0)]
+    with pytest.raises(loads.LoadError, match="load tcp-side-1000: no echo port on haproxy-http"):
+        loads.tcp_side(targets, 1000, 1.0, 0.0)

@@ -448,6 +448,67 @@ def test_sockmap_side_by_side_alone_is_a_summary_without_the_plain_setups_rows()
     assert accel["bulk"] is None
 
 
+def _accel_tcp_row(rate: int, p50: float, p99: float, plain: tuple[float, float]) -> dict:
+    return {**_accel_side_row(rate, p50, p99, plain), "load": f"tcp-side-{rate}"}
+
+
+def test_sockmap_opaque_tcp_is_reported_apart_and_leaves_the_http_verdict_alone():
+    rows = [
+        _accel_side_row(1000, 0.17, 0.40, plain=(0.20, 0.50)),  # HTTP: p50 0.85, p99 0.8
+        _accel_tcp_row(1000, 0.10, 0.50, plain=(0.10, 0.50)),  # TCP: 1.0, 1.0
+        _accel_tcp_row(2000, 0.08, 0.40, plain=(0.10, 0.50)),  # TCP: 0.8, 0.8
+    ]
+    doc = report.document({}, rows, [])
+    accel = doc["accel"]
+    # HTTP's numbers and verdict are HTTP's only
+    assert list(accel["latency"]) == ["http1-side-1000"]
+    assert (accel["judged_on"], accel["p50_mean"], accel["p99_mean"]) == ("side", 0.85, 0.8)
+    assert accel["latency_goal_met"] is True
+    # TCP's apart
+    assert accel["latency_tcp"] == {
+        "tcp-side-1000": {"p50": 1.0, "p99": 1.0},
+        "tcp-side-2000": {"p50": 0.8, "p99": 0.8},
+    }
+    assert (accel["tcp_p50_mean"], accel["tcp_p99_mean"]) == (0.9, 0.9)
+    assert accel["tcp_latency_goal_met"] is False
+    pair = "meshagent-ebpf-accel/meshagent-ebpf"
+    assert doc["ratios"][f"accel_p50:{pair}@tcp-side-2000"] == 0.8
+    assert doc["ratios"][f"accel_p99:{pair}@tcp-side-1000"] == 1.0
+    http_line, tcp_line = (n for n in doc["notes"] if n.startswith("sockmap acceleration"))
+    assert "p50 0.85x, p99 0.8x over http1-side-1000; goal <= 0.85x met" in http_line
+    assert tcp_line == (
+        f"sockmap acceleration, opaque TCP ({pair.replace('/', ' / ')}, not in the goal above): "
+        "p50 0.9x, p99 0.9x over tcp-side-1000, tcp-side-2000; <= 0.85x not met"
+    )
+    side_lines = [n for n in doc["notes"] if n.startswith("opaque TCP echo side by side")]
+    assert len(side_lines) == 2
+    assert side_lines[1].startswith("opaque TCP echo side by side at 2000 req/s (1 s turns): ")
+    assert side_lines[1].endswith("p50 0.8x, p99 0.8x the plain path's (meshagent-ebpf)")
+
+
+def test_sockmap_opaque_tcp_alone_never_becomes_the_http_judgement():
+    accel = report.accel_summary([_accel_tcp_row(1000, 0.08, 0.40, plain=(0.10, 0.50))])
+    assert accel is not None
+    assert accel["latency"] == {}
+    assert (accel["p50_mean"], accel["p99_mean"], accel["latency_goal_met"]) == (None, None, None)
+    assert (accel["tcp_p50_mean"], accel["tcp_p99_mean"]) == (0.8, 0.8)
+    assert accel["tcp_latency_goal_met"] is True
+    assert report.accel_judged(["tcp-side-1000", "http1-rr"]) == (["http1-rr"], "sequential")
+    assert report.accel_tcp_judged(["tcp-side-1000", "http1-side-1000"]) == ["tcp-side-1000"]
+
+
+def test_without_opaque_tcp_loads_the_summary_has_no_tcp_numbers_nor_line():
+    doc = report.document({}, _accel_rows(), [])
+    accel = doc["accel"]
+    assert accel["latency_tcp"] == {}
+    assert (accel["tcp_p50_mean"], accel["tcp_p99_mean"], accel["tcp_latency_goal_met"]) == (
+        None,
+        None,
+        None,
+    )
+    assert not any("opaque TCP" in n for n in doc["notes"])
+
+
 def test_accel_bulk_judges_the_download_too_when_it_ran():
     rows = [
         *_accel_rows(accel_gbps=15.0),
