@@ -49,7 +49,7 @@ from agent.errors import AgentError
 from agent.identity.tls import peer_identity
 from agent.policy.authorize import Decision, Facts, IPAddress, authorize, parse_ip
 from agent.policy.model import ProxyProtocol, ServerPolicy
-from agent.proxy import h1msg, h2route, http1, httpproxy, pairing, tcp
+from agent.proxy import h1msg, h2route, http1, httpproxy, tcp
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NEED_MORE, NeedMore, Protocol, detect, is_tls_client_hello, parse_sni
 from agent.proxy.plane import Guard, Plane, plane_of, read_prefix
@@ -444,8 +444,8 @@ async def relay_to_app(  # noqa: PLR0913 - the facts of one connection
         worker, transport, netns=pod.netns, addr=app_addr(pod, port), prefix=prefix, eof=eof
     )
     conn.relay = relay
-    if pair:
-        pairing.pair(worker.pair_maps, relay)
+    if pair and worker.pair_maps is not None:
+        worker.pair_maps.pair(relay)  # agent.proxy.pairing
     plane.guard(
         Guard(
             policy_key=key,

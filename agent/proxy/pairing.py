@@ -26,6 +26,8 @@ Rules:
    The worker deletes its `ma_pair_ctl` and `ma_pair_moved` entries then.
 4. Pure logic (`keys_for`) takes addresses and netns cookies; the shell reads
    them from the transports' sockets.
+5. Only a worker given `--pair-maps` imports this module (and with it the maps'
+   ctypes mirrors): the others stay as light as before.
 """
 
 from __future__ import annotations
@@ -122,6 +124,24 @@ class PairMaps:
         self.ctl, self.state, self.moved = opened
         return True
 
+    def pair(self, relay: Relay) -> Pairing | None:
+        """Pair a started relay's app ends (rule 1); None when it cannot be."""
+        if not self.ready():
+            return None
+        down, up = relay.downstream.transport, relay.upstream.transport
+        if down is None or up is None or down.is_closing() or up.is_closing():
+            return None
+        try:
+            keys = keys_for(_leg(down), _leg(up))
+        except OSError:
+            return None  # a side already gone
+        pairing = Pairing(self, relay, keys)
+        relay.pairing = pairing
+        # what the relay forwarded before it was paired (its prefix, early bytes)
+        pairing.forwarded(relay.downstream.nbytes, up, from_upstream=False)
+        pairing.forwarded(relay.upstream.nbytes, down, from_upstream=True)
+        return pairing
+
     def fail(self, exc: Exception) -> None:
         if not self.failed:
             self.failed = True
@@ -195,22 +215,3 @@ class Pairing:
                 ctl.delete(key)
             except maps.BpfError as exc:
                 self.maps.fail(exc)
-
-
-def pair(pair_maps: PairMaps | None, relay: Relay) -> Pairing | None:
-    """Pair a started relay's app ends (rule 1); None when it cannot be."""
-    if pair_maps is None or not pair_maps.ready():
-        return None
-    down, up = relay.downstream.transport, relay.upstream.transport
-    if down is None or up is None or down.is_closing() or up.is_closing():
-        return None
-    try:
-        keys = keys_for(_leg(down), _leg(up))
-    except OSError:
-        return None  # a side already gone
-    pairing = Pairing(pair_maps, relay, keys)
-    relay.pairing = pairing
-    # what the relay forwarded before it was paired (its prefix, early bytes)
-    pairing.forwarded(relay.downstream.nbytes, up, from_upstream=False)
-    pairing.forwarded(relay.upstream.nbytes, down, from_upstream=True)
-    return pairing

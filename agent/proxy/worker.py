@@ -74,17 +74,20 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent import aio, logs, native
 from agent.config import parse_positive_int
 from agent.errors import AgentError
 from agent.proxy import channel as ch
-from agent.proxy import heap, pairing, record, tcp, uring
+from agent.proxy import heap, record, tcp, uring
 from agent.proxy.listener import LISTEN_BACKLOG, ListenerKind, UpstreamSockets
 from agent.proxy.pool import H2_LANES, H2_UPGRADE_MODES
 from agent.proxy.wstate import WorkerState
 from agent.redirect.model import PROXY_MARK
+
+if TYPE_CHECKING:
+    from agent.proxy.pairing import PairMaps
 
 logger = logging.getLogger(__name__)
 
@@ -347,7 +350,7 @@ class Worker:
         self.failed_total = 0
         self.bytes_up = 0
         self.bytes_down = 0
-        self.pair_maps: pairing.PairMaps | None = None  # rule 11
+        self.pair_maps: PairMaps | None = None  # rule 11
         self._channel: ch.Channel | None = None
         self._inbox: asyncio.Queue[ch.Message] = asyncio.Queue()
         self._draining = False
@@ -661,7 +664,9 @@ def main(argv: list[str] | None = None) -> int:
         h2_lanes=args.h2_lanes,
     )
     if args.pair_maps:
-        worker.pair_maps = pairing.PairMaps(args.pair_maps)  # rule 11
+        from agent.proxy.pairing import PairMaps  # noqa: PLC0415 - eBPF acceleration only
+
+        worker.pair_maps = PairMaps(args.pair_maps)  # rule 11
     directory = os.environ.get(PROFILE_ENV)
     if directory:
         return _run_profiled(worker, sock, directory)
