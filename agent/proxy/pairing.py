@@ -28,6 +28,9 @@ Rules:
    them from the transports' sockets.
 5. Only a worker given `--pair-maps` imports this module (and with it the maps'
    ctypes mirrors): the others stay as light as before.
+6. A relay is paired only when sockops recorded both app ends (their
+   `ma_pair_state` entries exist when the worker accepts): connections of pods
+   without acceleration, or to ports they skip (skip-accel-ports), cost nothing.
 """
 
 from __future__ import annotations
@@ -135,12 +138,26 @@ class PairMaps:
             keys = keys_for(_leg(down), _leg(up))
         except OSError:
             return None  # a side already gone
+        if not self._recorded(keys):
+            return None
         pairing = Pairing(self, relay, keys)
         relay.pairing = pairing
         # what the relay forwarded before it was paired (its prefix, early bytes)
         pairing.forwarded(relay.downstream.nbytes, up, from_upstream=False)
         pairing.forwarded(relay.upstream.nbytes, down, from_upstream=True)
         return pairing
+
+    def _recorded(self, keys: PairKeys) -> bool:
+        """Whether sockops recorded both app ends (rule 6): a pod without acceleration,
+        or a port it skips, would otherwise cost a map write per chunk for nothing."""
+        state = self.state
+        if state is None:
+            return False
+        try:
+            return state.lookup(keys.app_a) is not None and state.lookup(keys.app_b) is not None
+        except maps.BpfError as exc:
+            self.fail(exc)
+            return False
 
     def fail(self, exc: Exception) -> None:
         if not self.failed:

@@ -1156,3 +1156,72 @@ def _echoed_in_pod(a, ip: str) -> bool:
         "s.sendall(b'hi');print(s.recv(8)==b'hi')"
     )
     return a.run([sys.executable, "-c", code, ip], check=False, timeout=10).stdout.strip() == "True"
+
+
+# The client for two live connections, to `ECHO_PORT` and the port after it: 5 exchanges
+# on each, "open", then both stay open until a line comes on stdin.
+TWO_CLIENT = """
+import socket, sys
+conns = [socket.create_connection((sys.argv[1], int(p)), timeout=5) for p in sys.argv[2:]]
+for s in conns:
+    for _ in range(5):
+        s.sendall(b"x" * 64)
+        got = b""
+        while len(got) < 64:
+            got += s.recv(64 - len(got))
+print("open", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_only_connections_whose_app_ends_are_accelerated_are_paired(mesh: Mesh) -> None:
+    """pairing rule 6: the namespace keeps ECHO_PORT + 1 out of acceleration
+    (skip-accel-ports), so sockops records neither app end of a connection to it and its
+    worker writes no `ma_pair_ctl` entry for it; the connection to ECHO_PORT, open at
+    the same time, has its two."""
+    from agent.redirect import maps  # noqa: PLC0415 - bcc-free, only here
+
+    skipped = ECHO_PORT + 1
+    (mesh.manifests / "ns.yaml").write_text(
+        NAMESPACE.replace(
+            "{linkerd.io/inject: enabled}",
+            f'{{linkerd.io/inject: enabled, config.meshagent.io/skip-accel-ports: "{skipped}"}}',
+        )
+    )
+    a = mesh.pod("client", server=False)
+    b = mesh.pod("web")
+    with ebpf_agent(mesh, "pair-skip", accel=True) as pin_root:
+        servers = [
+            b.spawn(
+                [sys.executable, "-c", ECHO, str(port)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for port in (ECHO_PORT, skipped)
+        ]
+        for server in servers:
+            assert server.stdout.readline().strip() == "ready", server.stderr.read()
+        client = a.spawn(
+            [sys.executable, "-c", TWO_CLIENT, b.ip, str(ECHO_PORT), str(skipped)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert client.stdout.readline().strip() == "open", client.stderr.read()
+            with maps.PinnedMap.open(pin_root / "maps", maps.PAIR_CTL) as ctl:
+                keys = ctl.key_list()
+            # A's end (to the outbound listener) and B's end (on the port it serves)
+            assert len(keys) == 2, [(k.local_port, k.remote_port) for k in keys]
+            assert ECHO_PORT in {k.local_port for k in keys}
+            assert skipped not in {k.local_port for k in keys} | {k.remote_port for k in keys}
+            client.stdin.write("\n")
+            client.stdin.flush()
+            assert client.wait(timeout=10) == 0
+        finally:
+            if client.poll() is None:
+                client.kill()
+                client.wait()
+        assert mesh.stop() == 0
