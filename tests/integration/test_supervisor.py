@@ -792,9 +792,13 @@ def test_ebpf_mode_carries_http_through_the_mesh_and_leaves_no_pin(mesh: Mesh) -
         assert not pin_root.exists()  # --cleanup-on-exit uninstalls programs, maps, links
 
 
+SINK_PORT = 9300
+
+
 # A server in the web pod for one connection. "sink": reads to the end, answers the sha256
-# and length of what it read. "source SECONDS": reads one short request, then writes
-# 64 KiB pieces of a pattern for SECONDS and closes; prints the sha256 and length of them.
+# and length of what it read. "echo": sends back what it reads until EOF. "source
+# SECONDS": reads one short request, then writes 64 KiB pieces of a pattern for SECONDS
+# and closes; prints the sha256 and length of them.
 SERVE = """
 import hashlib, socket, sys, time
 ls = socket.socket()
@@ -809,6 +813,9 @@ if sys.argv[2] == "sink":
         h.update(part)
         n += len(part)
     s.sendall(f"{h.hexdigest()} {n}".encode())
+elif sys.argv[2] == "echo":
+    while part := s.recv(1 << 16):
+        s.sendall(part)
 else:
     assert s.recv(64) == b"GET\\n"
     piece = bytes(i % 251 for i in range(65536 + 7))
@@ -822,10 +829,10 @@ print(h.hexdigest(), n, flush=True)
 """
 
 
-def _serve(pod, *how: str) -> subprocess.Popen[str]:
-    """`SERVE` in `pod` on SINK_PORT, once it listens."""
+def _serve(pod, *how: str, port: int = SINK_PORT) -> subprocess.Popen[str]:
+    """`SERVE` in `pod` on `port`, once it listens."""
     proc = pod.spawn(
-        [sys.executable, "-c", SERVE, str(SINK_PORT), *how],
+        [sys.executable, "-c", SERVE, str(port), *how],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -851,7 +858,6 @@ while part := s.recv(256):
     answer += part
 print(f"{h.hexdigest()} {n}", answer.decode(), sep="|")
 """
-SINK_PORT = 9300
 
 
 def test_ebpf_acceleration_returns_bulk_senders_to_plain_tcp_mid_stream(mesh: Mesh) -> None:
@@ -922,20 +928,6 @@ def test_ebpf_acceleration_returns_a_downloads_ends_once_their_queues_are_read(
         assert mesh.stop() == 0
 
 
-# A server in the web pod for one connection: echoes what it reads until EOF.
-ECHO = """
-import socket, sys
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind(("0.0.0.0", int(sys.argv[1])))
-ls.listen(1)
-print("ready", flush=True)
-s, _ = ls.accept()
-while part := s.recv(1 << 16):
-    s.sendall(part)
-s.close()
-"""
-
 # The client. "rr N": N exchanges of one 64-byte message each, every answer checked.
 # "stream BYTES": writes BYTES of a seeded random pattern in chunks of 1-3000 bytes while
 # reading the echo, without waiting for it; checks that the echo is the same stream.
@@ -987,17 +979,6 @@ while True:
 ECHO_PORT = 9400
 
 
-def _echo_server(pod) -> subprocess.Popen[str]:
-    proc = pod.spawn(
-        [sys.executable, "-c", ECHO, str(ECHO_PORT)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-    return proc
-
-
 def _tcp_bytes(metrics: bytes) -> int:
     """Sum of the agent's tcp_read_bytes_total and tcp_write_bytes_total samples."""
     total = 0
@@ -1017,7 +998,7 @@ def test_ebpf_acceleration_pairs_an_opaque_relay_past_the_worker(mesh: Mesh) -> 
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
     with ebpf_agent(mesh, "pair-rr", accel=True) as pin_root:
-        server = _echo_server(b)
+        server = _serve(b, "echo", port=ECHO_PORT)
         out = a.run(
             [sys.executable, "-c", ECHO_CLIENT, b.ip, str(ECHO_PORT), "rr", "300"],
             check=False,
@@ -1068,7 +1049,7 @@ def test_ebpf_acceleration_pairs_a_stream_mid_way_and_keeps_its_order(mesh: Mesh
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
     with ebpf_agent(mesh, "pair-stream", accel=True) as pin_root:
-        server = _echo_server(b)
+        server = _serve(b, "echo", port=ECHO_PORT)
         out = a.run(
             [sys.executable, "-c", ECHO_CLIENT, b.ip, str(ECHO_PORT), "stream", str(4 << 20)],
             check=False,
@@ -1191,17 +1172,8 @@ def test_only_connections_whose_app_ends_are_accelerated_are_paired(mesh: Mesh) 
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
     with ebpf_agent(mesh, "pair-skip", accel=True) as pin_root:
-        servers = [
-            b.spawn(
-                [sys.executable, "-c", ECHO, str(port)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for port in (ECHO_PORT, skipped)
-        ]
-        for server in servers:
-            assert server.stdout.readline().strip() == "ready", server.stderr.read()
+        for port in (ECHO_PORT, skipped):
+            _serve(b, "echo", port=port)
         client = a.spawn(
             [sys.executable, "-c", TWO_CLIENT, b.ip, str(ECHO_PORT), str(skipped)],
             stdin=subprocess.PIPE,

@@ -134,49 +134,57 @@ async def test_http1_keep_alive_then_connection_close(port: int):
             await writer.wait_closed()
 
 
-async def test_one_server_answers_on_every_port_it_is_given():
+async def _free_ports(n: int) -> list[int]:
+    """`n` free ports, released for the server to take."""
     ports = []
-    for _ in range(2):  # two free ports, released for the server to take
+    for _ in range(n):
         probe = await server.start("127.0.0.1", 0)
         ports.append(probe.sockets[0].getsockname()[1])
         probe.close()
         await probe.wait_closed()
-    task = aio.spawn(server.serve("127.0.0.1", ports), name="server")
+    return ports
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    http_ports: list[int], echo_ports: list[int] | None = None
+) -> AsyncIterator[None]:
+    """`server.serve` on these ports for the block."""
+    task = aio.spawn(server.serve("127.0.0.1", http_ports, echo_ports), name="server")
     try:
-        for port in ports:
-            for _ in range(50):  # until it listens
-                try:
-                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                    break
-                except ConnectionRefusedError:
-                    await asyncio.sleep(0.02)
-            writer.write(b"GET / HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n")
-            assert (await reader.read()).startswith(b"HTTP/1.1 200 OK\r\n")
-            writer.close()
+        yield
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
 
+async def connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to `port` once the server listens there (within a second)."""
+    for _ in range(50):
+        try:
+            return await asyncio.open_connection("127.0.0.1", port)
+        except ConnectionRefusedError:
+            await asyncio.sleep(0.02)
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_one_server_answers_on_every_port_it_is_given():
+    ports = await _free_ports(2)
+    async with serving(ports):
+        for port in ports:
+            reader, writer = await connect(port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n")
+            assert (await reader.read()).startswith(b"HTTP/1.1 200 OK\r\n")
+            writer.close()
+
+
 async def test_an_echo_port_sends_back_every_byte_in_order_and_beside_http_on_one_loop():
     """Rule 4: opaque TCP, no framing: what a client writes, in pieces or at once, comes back
     unchanged; the HTTP port of the same `serve` still answers HTTP."""
-    ports = []
-    for _ in range(2):  # two free ports, released for the server to take
-        probe = await server.start("127.0.0.1", 0)
-        ports.append(probe.sockets[0].getsockname()[1])
-        probe.close()
-        await probe.wait_closed()
-    http_port, echo_port = ports
-    task = aio.spawn(server.serve("127.0.0.1", [http_port], [echo_port]), name="server")
-    try:
-        for _ in range(50):  # until it listens
-            try:
-                reader, writer = await asyncio.open_connection("127.0.0.1", echo_port)
-                break
-            except ConnectionRefusedError:
-                await asyncio.sleep(0.02)
+    http_port, echo_port = await _free_ports(2)
+    async with serving([http_port], [echo_port]):
+        reader, writer = await connect(echo_port)
         sent = bytes(range(256)) * 4  # every byte value, HTTP's preface-looking ones too
         for start in range(0, len(sent), 100):
             writer.write(sent[start : start + 100])
@@ -184,11 +192,7 @@ async def test_an_echo_port_sends_back_every_byte_in_order_and_beside_http_on_on
         writer.write(b"GET / HTTP/1.1\r\n\r\n")  # an echo port does not speak HTTP
         assert await reader.readexactly(18) == b"GET / HTTP/1.1\r\n\r\n"
         writer.close()
-        reader, writer = await asyncio.open_connection("127.0.0.1", http_port)
+        reader, writer = await connect(http_port)
         writer.write(b"GET / HTTP/1.1\r\nHost: s\r\nConnection: close\r\n\r\n")
         assert (await reader.read()).startswith(b"HTTP/1.1 200 OK\r\n")
         writer.close()
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
