@@ -860,6 +860,17 @@ print(f"{h.hexdigest()} {n}", answer.decode(), sep="|")
 """
 
 
+def _upload(a, b) -> None:
+    """`UPLOAD` from pod `a` to a sink in pod `b` for 2 s: the sink read all of it, in
+    order, and it was more than 8 MiB."""
+    _serve(b, "sink")
+    out = a.run([sys.executable, "-c", UPLOAD, b.ip, str(SINK_PORT), "2"], check=False, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    sent, answered = out.stdout.strip().split("|")
+    assert answered == sent
+    assert int(sent.split()[1]) > 8 << 20
+
+
 def test_ebpf_acceleration_returns_bulk_senders_to_plain_tcp_mid_stream(mesh: Mesh) -> None:
     """MESHAGENT_EBPF_ACCEL=1, the paired relay off (as for HTTP, which is never paired):
     a 2 s upload through both proxies. Its two senders inside pods (the client app's end,
@@ -871,14 +882,7 @@ def test_ebpf_acceleration_returns_bulk_senders_to_plain_tcp_mid_stream(mesh: Me
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
     with ebpf_agent(mesh, "sweep-up", accel=True, pair=False) as pin_root:
-        _serve(b, "sink")
-        out = a.run(
-            [sys.executable, "-c", UPLOAD, b.ip, str(SINK_PORT), "2"], check=False, timeout=60
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
-        sent, answered = out.stdout.strip().split("|")
-        assert answered == sent
-        assert int(sent.split()[1]) > 8 << 20
+        _upload(a, b)
         stats = maps.accel_stats(pin_root / "maps")
         assert stats["off_size"] >= 2
         # the senders, then (where FIONREAD counts the sockmap queue) the readers, whose
@@ -1028,14 +1032,7 @@ def test_ebpf_acceleration_pairs_an_upload_of_big_writes_and_loses_nothing(mesh:
     a = mesh.pod("client", server=False)
     b = mesh.pod("web")
     with ebpf_agent(mesh, "pair-up", accel=True) as pin_root:
-        _serve(b, "sink")
-        out = a.run(
-            [sys.executable, "-c", UPLOAD, b.ip, str(SINK_PORT), "2"], check=False, timeout=60
-        )
-        assert out.returncode == 0, out.stderr[-2000:]
-        sent, answered = out.stdout.strip().split("|")
-        assert answered == sent
-        assert int(sent.split()[1]) > 8 << 20
+        _upload(a, b)
         assert maps.accel_stats(pin_root / "maps")["paired_msgs"] > 0
         assert mesh.stop() == 0
 
