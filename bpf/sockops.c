@@ -19,11 +19,12 @@
  *    the proxy's connection to the app.
  * 3. A recorded end asks for state callbacks; at TCP_CLOSE its entries in
  *    ma_accel_state, ma_accel_sent and ma_pair_state go (what a paired end moved
- *    is filed in ma_pair_moved for its worker).
+ *    is filed in ma_pair_moved while its worker, whose ma_pair_ctl entry is still
+ *    there, has yet to read it).
  * 4. A recorded app end (not the proxy's: the app's connection to the outbound
  *    listener, the app's side of a marked proxy connection) gets a zeroed
- *    ma_pair_state and no ma_pair_ctl before its first message, for sk_msg's
- *    paired relay (meshagent.h).
+ *    ma_pair_state, and no ma_pair_ctl or ma_pair_moved, before its first
+ *    message, for sk_msg's paired relay (meshagent.h).
  */
 #include "include/meshagent.h"
 
@@ -91,6 +92,7 @@ static __always_inline void ma_pair_open(struct ma_sock_key *key)
     struct ma_pair_state st = {};
     ma_pair_state.update(key, &st);
     ma_pair_ctl.delete(key);
+    ma_pair_moved.delete(key);
 }
 
 static __always_inline void ma_accel_record(struct bpf_sock_ops *skops, int active)
@@ -149,7 +151,7 @@ static __always_inline void ma_accel_closed(struct bpf_sock_ops *skops)
     ma_accel_sent.delete(&key);
     ma_accel_state.delete(&key);
     struct ma_pair_state *ps = ma_pair_state.lookup(&key);
-    if (ps && ps->moved) {
+    if (ps && ps->moved && ma_pair_ctl.lookup(&key)) { /* its worker has yet to read it */
         __u64 moved = ps->moved;
         ma_pair_moved.update(&key, &moved);
     }

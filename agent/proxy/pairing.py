@@ -93,8 +93,8 @@ def _leg(transport: Any) -> Leg:
 
 
 class PairMaps:
-    """The two pinned maps a worker writes and reads, opened on first use: they are
-    pinned when the first pod enrolls, after the workers start."""
+    """The pinned maps a worker writes and reads, opened on first use: they are pinned
+    when the first pod enrolls, after the workers start."""
 
     RETRY_S = 1.0  # a missing map is looked for again after this long
 
@@ -107,7 +107,7 @@ class PairMaps:
         self._next_try = 0.0
 
     def ready(self) -> bool:
-        """Whether both maps are open (opening them if it is time to try)."""
+        """Whether the maps are open (opening them if it is time to try)."""
         if self.failed:
             return False
         if self.ctl is not None:
@@ -140,7 +140,7 @@ class PairMaps:
             return None  # a side already gone
         if not self._recorded(keys):
             return None
-        pairing = Pairing(self, relay, keys)
+        pairing = Pairing(self, keys)
         relay.pairing = pairing
         # what the relay forwarded before it was paired (its prefix, early bytes)
         pairing.forwarded(relay.downstream.nbytes, up, from_upstream=False)
@@ -164,21 +164,15 @@ class PairMaps:
             self.failed = True
             logger.warning("paired relay off in this worker: %s", exc)
 
-    def close(self) -> None:
-        for m in (self.ctl, self.state, self.moved):
-            if m is not None:
-                m.close()
-        self.ctl = self.state = self.moved = None
-
 
 class Pairing:
-    """One relay's pairing; the relay calls `forwarded`, `moved` and `finish`."""
+    """One relay's pairing; the relay calls `forwarded`, `moved` and `finish`. It keeps
+    no reference to the relay (worker rule 7: a finished connection leaves no cycle)."""
 
-    __slots__ = ("keys", "maps", "moved_down", "moved_up", "relay")
+    __slots__ = ("keys", "maps", "moved_down", "moved_up")
 
-    def __init__(self, pair_maps: PairMaps, relay: Relay, keys: PairKeys) -> None:
+    def __init__(self, pair_maps: PairMaps, keys: PairKeys) -> None:
         self.maps = pair_maps
-        self.relay = relay
         self.keys = keys
         self.moved_up = 0  # A's bytes the kernel sent past the worker, last read
         self.moved_down = 0  # B's

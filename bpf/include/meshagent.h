@@ -229,9 +229,9 @@ static __always_inline int ma_sock_key_eq(const struct ma_sock_key *a, const str
                      MA_MAX_CONNS, MA_PIN_MAPS "/ma_pair_state")
 
 /* app end -> the bytes it moved past the worker, filed by sockops when a paired
- * end reaches TCP_CLOSE (its ma_pair_state goes then, possibly before the worker
- * has read it: an app that closes first). Read and deleted by the worker. LRU:
- * counts only, an entry no worker claims goes in time. */
+ * end reaches TCP_CLOSE before its worker read them (its ma_pair_ctl entry is
+ * still there: an app that closes first). Read and deleted by the worker; sockops
+ * deletes a fresh app end's. LRU: counts only. */
 #define MA_MAP_PAIR_MOVED \
     BPF_TABLE_PINNED("lru_hash", struct ma_sock_key, __u64, ma_pair_moved, MA_MAX_CONNS, \
                      MA_PIN_MAPS "/ma_pair_moved")

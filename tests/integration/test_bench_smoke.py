@@ -248,6 +248,8 @@ def test_the_table_output_ends_with_the_goals_and_the_json_beside_it(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads((tmp_path / "bench.json").read_text())
     (saturate,) = [g for g in doc["goals"] if g["goal"] == "saturate"]
+    rows = [(r["setup"], r["load"], r.get("rps"), r.get("errors")) for r in doc["results"]]
+    assert len(saturate["values"]) == 1, (rows, done.stdout[-2000:])  # both rows measured
     (ratio,) = saturate["values"].values()
     verdict = "met" if ratio >= 1.0 else "NOT MET"
     wanted = f"same-node http1-saturate >= 1.0x haproxy-http: {verdict}: "
