@@ -1098,32 +1098,45 @@ def test_a_paired_connection_is_still_cut_when_its_policy_stops_allowing_it(
     b.spawn([sys.executable, "-c", ECHO_SERVER])
     with ebpf_agent(mesh, "pair-deny", accel=True) as pin_root:
         wait_for("echo", lambda: _echoed_in_pod(a, b.ip) or None, timeout=10)
-        client = a.spawn(
-            [sys.executable, "-c", LIVE_CLIENT, b.ip],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert client.stdout.readline().strip() == "paired", client.stderr.read()
+        with _client(a, "paired", LIVE_CLIENT, b.ip) as client:
             before = maps.accel_stats(pin_root / "maps")["paired_msgs"]
-            client.stdin.write("\n")
-            client.stdin.flush()
-            assert client.stdout.readline().strip() == "echoed"
+            assert _line(client) == "echoed"
             assert maps.accel_stats(pin_root / "maps")["paired_msgs"] == before + 2
             (mesh.manifests / "server-echo.yaml").write_text(ECHO_SERVER_DENY)
-
-            def cut():
-                client.stdin.write("\n")
-                client.stdin.flush()
-                return client.stdout.readline().strip() == "cut" or None
-
-            wait_for("the paired connection cut", cut, timeout=15, interval=0.2)
-        finally:
-            client.kill()
-            client.wait()
+            wait_for(
+                "the paired connection cut",
+                lambda: _line(client) == "cut" or None,
+                timeout=15,
+                interval=0.2,
+            )
         assert mesh.stop() == 0
+
+
+@contextlib.contextmanager
+def _client(pod, first: str, code: str, *args: str):
+    """A Python client `code` in `pod`, yielded once it printed `first`; killed at the end
+    unless it exited."""
+    proc = pod.spawn(
+        [sys.executable, "-c", code, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == first, proc.stderr.read()
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _line(client) -> str:
+    """Send `client` an empty line; its answer."""
+    client.stdin.write("\n")
+    client.stdin.flush()
+    return client.stdout.readline().strip()
 
 
 def _echoed_in_pod(a, ip: str) -> bool:
@@ -1171,26 +1184,13 @@ def test_only_connections_whose_app_ends_are_accelerated_are_paired(mesh: Mesh) 
     with ebpf_agent(mesh, "pair-skip", accel=True) as pin_root:
         for port in (ECHO_PORT, skipped):
             _serve(b, "echo", port=port)
-        client = a.spawn(
-            [sys.executable, "-c", TWO_CLIENT, b.ip, str(ECHO_PORT), str(skipped)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert client.stdout.readline().strip() == "open", client.stderr.read()
+        with _client(a, "open", TWO_CLIENT, b.ip, str(ECHO_PORT), str(skipped)) as client:
             with maps.PinnedMap.open(pin_root / "maps", maps.PAIR_CTL) as ctl:
                 keys = ctl.key_list()
             # A's end (to the outbound listener) and B's end (on the port it serves)
             assert len(keys) == 2, [(k.local_port, k.remote_port) for k in keys]
             assert ECHO_PORT in {k.local_port for k in keys}
             assert skipped not in {k.local_port for k in keys} | {k.remote_port for k in keys}
-            client.stdin.write("\n")
-            client.stdin.flush()
+            assert _line(client) == ""  # it exits: both connections close
             assert client.wait(timeout=10) == 0
-        finally:
-            if client.poll() is None:
-                client.kill()
-                client.wait()
         assert mesh.stop() == 0
