@@ -108,13 +108,11 @@ def accel_from_env(env: dict[str, str] | None = None) -> tuple[bool, int]:
         SettingError: a value that is not a boolean / a non-negative integer.
     """
     env = dict(os.environ) if env is None else env
-    raw = env.get(ENV_ACCEL, "").strip().lower()
-    if raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
-        raise SettingError(ENV_ACCEL, raw, "must be a boolean (1/0, true/false)")
+    enabled = _env_bool(env, ENV_ACCEL, default=False)
     size_raw = env.get(ENV_ACCEL_MAX_MSG, str(DEFAULT_ACCEL_MAX_MSG))
     if not size_raw.isdigit():
         raise SettingError(ENV_ACCEL_MAX_MSG, size_raw, "must be a byte count")
-    return raw in ("1", "true", "yes", "on"), int(size_raw)
+    return enabled, int(size_raw)
 
 
 def pair_from_env(env: dict[str, str] | None = None) -> bool:
@@ -124,11 +122,23 @@ def pair_from_env(env: dict[str, str] | None = None) -> bool:
     Raises:
         SettingError: a value that is not a boolean.
     """
-    env = dict(os.environ) if env is None else env
-    raw = env.get(ENV_PAIR, "").strip().lower()
-    if raw not in ("", "0", "1", "true", "false", "yes", "no", "on", "off"):
-        raise SettingError(ENV_PAIR, raw, "must be a boolean (1/0, true/false)")
-    return raw not in ("0", "false", "no", "off")
+    return _env_bool(dict(os.environ) if env is None else env, ENV_PAIR, default=True)
+
+
+def _env_bool(env: dict[str, str], name: str, *, default: bool) -> bool:
+    """A boolean setting: 1/0, true/false, yes/no, on/off; `default` when unset or empty.
+
+    Raises:
+        SettingError: anything else.
+    """
+    raw = env.get(name, "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    if raw:
+        raise SettingError(name, raw, "must be a boolean (1/0, true/false)")
+    return default
 
 
 def compile_in_child_from_env() -> bool:
