@@ -254,7 +254,7 @@ class Lab:
         ns_name = f"{self.prefix}-{name}"
         veth = f"{self.prefix}v{self._next()}"
         self._make_netns(ns_name)
-        self._record(kind="link", name=veth, netns=node.netns_name)
+        self._record(kind="link", name=veth, netns=node.netns_name, peer_netns=ns_name)
 
         def make_veth(ipr: Any) -> None:
             ipr.link("add", ifname=veth, kind="veth", peer={"ifname": "eth0", "net_ns_fd": ns_name})
@@ -291,7 +291,7 @@ class Lab:
         transfer = list(LINK_POOL.subnets(new_prefix=30))[k]
         ip_a, ip_b = str(transfer.network_address + 1), str(transfer.network_address + 2)
         end_a, end_b = f"{self.prefix}l{k}a", f"{self.prefix}l{k}b"
-        self._record(kind="link", name=end_a, netns=a.netns_name)
+        self._record(kind="link", name=end_a, netns=a.netns_name, peer_netns=b.netns_name)
         b_ns = b.netns_name
 
         def make_pair(ipr: Any) -> None:

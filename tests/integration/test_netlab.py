@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import netlab
+from agent import netlab, netlab_state
 from agent.netlab import Lab
 from agent.redirect.netns import NetnsId
 
@@ -122,6 +122,35 @@ def test_cleanup_recorded_removes_what_a_crashed_run_left():
     finally:
         lb.close()
     assert empty(snapshot(prefix))
+
+
+def test_a_veth_whose_pod_netns_something_else_holds_is_still_removed(monkeypatch):
+    """A pod's veth goes with its namespace (netlab_state rule 2), unless something
+    outside the lab holds that namespace: then teardown deletes the veth itself."""
+    monkeypatch.setattr(netlab_state, "LINK_GONE_S", 0.2)
+    prefix = new_prefix()
+    lb = Lab(prefix)
+    try:
+        node = lb.node("n1")
+        held = lb.pod(node, "held")
+        lb.pod(node, "free")
+        fd = os.open(f"/run/netns/{held.netns_name}", os.O_RDONLY)
+    finally:
+        lb.close()
+    try:
+        assert empty(snapshot(prefix))
+        # the namespace itself lives on while held, without its veth
+        links = subprocess.run(
+            ["nsenter", f"--net=/proc/self/fd/{fd}", "ip", "-o", "link"],
+            capture_output=True,
+            text=True,
+            check=True,
+            pass_fds=(fd,),
+        ).stdout
+        assert "eth0" not in links
+        assert "lo:" in links
+    finally:
+        os.close(fd)
 
 
 def test_half_built_pod_is_still_removed(lab):
