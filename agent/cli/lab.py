@@ -135,7 +135,7 @@ def _sandbox_down(_args: argparse.Namespace) -> int:
 def register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     help_ = "benchmark meshagent against direct and HAProxy in one run, reported as ratios"
     parser = sub.add_parser("bench", help=help_, description=help_)
-    parser.add_argument("--quick", action="store_true", help="short loads (about 2.4 minutes)")
+    parser.add_argument("--quick", action="store_true", help="short loads (about 2 minutes)")
     parser.add_argument("--setups", metavar="A,B", help="setups to run (default: all)")
     parser.add_argument("--loads", metavar="X,Y", help="loads (http1-rate picks every rate)")
     parser.add_argument(

@@ -39,8 +39,19 @@ def test_quick_runs_the_goals_setups_and_short_loads_with_memory():
     assert set(QUICK_SETUPS) == peers | ours | {"meshagent-ebpf-accel"}
     assert list(QUICK_SETUPS) == [s for s in setups.SETUPS if s in QUICK_SETUPS]  # run order
     assert "http1-rate-2000" in opts.loads
-    assert opts.memory_pods == QUICK_MEMORY_PODS
+    assert opts.memory_pods == QUICK_MEMORY_PODS == (100,)
     assert opts.duration_s < 5
+
+
+def test_quick_runs_side_by_side_on_one_node_only_unless_loads_are_named():
+    quick = Options.make(quick=True)
+    assert quick.runs("meshagent-iptables", "http1-side-1000")
+    assert quick.runs("meshagent-ebpf-accel", "tcp-side-1000")
+    assert not quick.runs("meshagent-ebpf-xnode", "http1-side-1000")
+    assert quick.runs("meshagent-ebpf-xnode", "http1-saturate")
+    assert Options.make(quick=False).runs("meshagent-ebpf-xnode", "http1-side-1000")
+    named = Options.make(quick=True, loads_="http1-side-1000")
+    assert named.runs("meshagent-iptables-xnode", "http1-side-1000")
 
 
 def test_load_prefix_picks_every_rate_and_memory_n_picks_one_count():
