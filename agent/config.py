@@ -13,6 +13,7 @@ Rules:
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -77,6 +78,8 @@ def parse_seconds(raw: str) -> float:
         value = float(text) * scale
     except ValueError:
         raise ValueError("not a duration (examples: 30, 30s, 500ms, 2m)") from None
+    if not math.isfinite(value):
+        raise ValueError("not a finite duration")
     if value < 0:
         raise ValueError("duration must not be negative")
     return value

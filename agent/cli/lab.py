@@ -24,6 +24,7 @@ from agent.cli import add_verbs, emit, output_flag
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
 # === sandbox ==================================================================
 
@@ -140,12 +141,12 @@ def register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     parser.add_argument("--loads", metavar="X,Y", help="loads (http1-rate picks every rate)")
     parser.add_argument(
         "--duration",
-        type=float,
         metavar="S",
-        default=float(os.environ.get("MESHAGENT_BENCH_DURATION", "0")) or None,
-        help="seconds per load; env MESHAGENT_BENCH_DURATION",
+        help=f"seconds per load (30, 1.5, 500ms, 2m); env {ENV_DURATION}",
     )
-    parser.add_argument("--out", metavar="DIR", help="write bench.json and bench.png here")
+    parser.add_argument(
+        "--out", metavar="DIR", help="write bench.json and bench.png here (made before the run)"
+    )
     parser.add_argument(
         "--repeat",
         type=int,
@@ -174,9 +175,8 @@ def register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     parser.add_argument(
         "--placement",
         choices=("split", "shared"),
-        default=os.environ.get("MESHAGENT_BENCH_PLACEMENT", "split"),
         help="split: each simulated node on its own share of the CPUs (default); shared: "
-        "the scheduler places every process anywhere; env MESHAGENT_BENCH_PLACEMENT",
+        f"the scheduler places every process anywhere; env {ENV_PLACEMENT}",
     )
     parser.add_argument(
         "--variant",
@@ -191,14 +191,66 @@ def register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     parser.set_defaults(handler=_bench)
 
 
+ENV_DURATION = "MESHAGENT_BENCH_DURATION"
+ENV_PLACEMENT = "MESHAGENT_BENCH_PLACEMENT"
+
+
+def _flag_or_env(value: str | None, flag: str, env: str) -> tuple[str | None, str]:
+    """A bench flag's text and where it came from: the flag, else its variable."""
+    if value is not None:
+        return value, flag
+    if env in os.environ:
+        return os.environ[env], env
+    return None, flag
+
+
+def _bench_duration(args: argparse.Namespace) -> float | None:
+    """`--duration` (or its variable) in seconds; None: the run's default.
+
+    Raises:
+        SettingError: not a duration above zero.
+    """
+    from agent.config import parse_positive_seconds  # noqa: PLC0415
+    from agent.errors import SettingError  # noqa: PLC0415
+
+    raw, source = _flag_or_env(args.duration, "--duration", ENV_DURATION)
+    if raw is None:
+        return None
+    try:
+        return parse_positive_seconds(raw)
+    except ValueError as exc:
+        raise SettingError(source, raw, str(exc)) from None
+
+
+def _make_out(out: Path) -> None:
+    """Make `--out` before the run: a run of 20 minutes must not find it unusable at
+    the end.
+
+    Raises:
+        SettingError: it cannot be made, or is not a writable directory.
+    """
+    from agent.errors import SettingError  # noqa: PLC0415
+
+    if out.exists() and not out.is_dir():
+        raise SettingError("--out", str(out), "not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SettingError("--out", str(out), exc.strerror or str(exc)) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise SettingError("--out", str(out), "not a directory this user may write in")
+
+
 def _bad_flag(args: argparse.Namespace, why: str) -> tuple[str, str]:
-    """The flag and value that `harness.Options.make` refused with `why`."""
+    """The flag (or variable) and value that `harness.Options.make` refused with `why`."""
     if args.repeat < 1:
         return "--repeat", str(args.repeat)
     if why.startswith("--placement"):
-        return "--placement", str(args.placement)
+        raw, source = _flag_or_env(args.placement, "--placement", ENV_PLACEMENT)
+        return source, str(raw)
     if why.startswith("--icount"):
-        return "--duration", str(args.duration)
+        raw, source = _flag_or_env(args.duration, "--duration", ENV_DURATION)
+        return source, str(raw)
     if why.startswith("--variant"):
         return "--variant", " ".join(args.variant)
     return "--setups/--loads", f"{args.setups},{args.loads}"
@@ -228,28 +280,35 @@ def _bench(args: argparse.Namespace) -> int:
     from agent.errors import SettingError  # noqa: PLC0415
 
     out = Path(args.out) if args.out else Path.cwd()
+    placement, _ = _flag_or_env(args.placement, "--placement", ENV_PLACEMENT)
     try:
         opts = harness.Options.make(
             quick=args.quick,
             setups_=args.setups,
             loads_=args.loads,
-            duration_s=args.duration,
+            duration_s=_bench_duration(args),
             profile_dir=(out / "profile").resolve() if args.profile else None,
             interp_dir=(out / "interp").resolve() if args.interp else None,
             icount_dir=(out / "icount").resolve() if args.icount else None,
             repeat=args.repeat,
-            placement=args.placement,
+            placement=placement or "split",
             variants=args.variant,
         )
     except ValueError as exc:
         raise SettingError(*_bad_flag(args, str(exc)), str(exc)) from None
+    _make_out(out)
     quiet = args.output == "json"
     with _terminate_as_interrupt():
         doc = harness.run(opts, progress=None if quiet else lambda m: print(f"  {m}", flush=True))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(doc, indent=1) + "\n")
+    text = json.dumps(doc, indent=1) + "\n"
+    try:
+        (out / "bench.json").write_text(text)
+    except OSError as exc:  # gone or full since the start: the run is printed, not lost
+        print(text, end="")
+        print(f"meshagent: bench: {out / 'bench.json'}: {exc}", file=sys.stderr)
+        return 1
     if quiet:
-        print(json.dumps(doc, indent=1))
+        print(text, end="")
         return 0
     why_not = report.plot(doc, str(out / "bench.png"))
     _print_bench(doc)

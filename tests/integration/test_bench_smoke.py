@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -306,3 +307,27 @@ def test_a_variant_runs_beside_base_each_round_and_is_paired_with_it(tmp_path):
     assert set(variant["paired"]) == {
         f"{k}:meshagent-iptables@{sat}" for k in ("rps", "cpu_s_per_req", "p50_ms", "p99_ms")
     }
+
+
+@pytest.mark.timeout(90)
+def test_a_run_whose_out_went_away_prints_its_document_instead(tmp_path):
+    """The run is not lost when bench.json cannot be written at its end."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "agent", "bench", "--setups", "direct", "--loads", "http1-rr"]
+    argv += ["--duration", "0.3", "--out", str(out), "-o", "json"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not out.is_dir() and proc.poll() is None:  # made before the run starts
+            time.sleep(0.01)
+        out.rmdir()
+        stdout, stderr = proc.communicate(timeout=80)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, stderr[-2000:]
+    assert f"meshagent: bench: {out / 'bench.json'}: " in stderr
+    doc = json.loads(stdout)
+    (row,) = doc["results"]
+    assert (row["setup"], row["load"]) == ("direct", "http1-rr")
+    assert row["requests"] > 0
