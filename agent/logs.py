@@ -5,7 +5,8 @@ Rules:
    `setup(level, fmt)`: one stderr handler on the root logger, replacing any.
 2. Fields passed as `extra={...}` follow the message as `key=value`, in the
    order given; the standard LogRecord attributes are never repeated.
-3. An unknown level name means INFO.
+3. An unknown level name means INFO here; the CLI refuses one (`LEVELS`) before it
+   gets here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import sys
 
 DEFAULT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LEVELS = ("debug", "info", "warning", "error")  # what `--log-level` takes
 
 
 class KeyValueFormatter(logging.Formatter):

@@ -239,24 +239,27 @@ def tap(
 
     Raises:
         AdminUnreachable: no agent answered, or none serves `pod`.
-        AgentError: the agent refused the tap.
+        AgentError: the agent refused the tap, or its stream broke off or sent a line
+            that is not a JSON object.
     """
     url = agent_of(pod, config_dumps(urls)) if len(urls) > 1 else urls[0]
     if url is None:
         raise AdminUnreachable(urls, f"no agent serves pod {pod}")
     conn = connection(url)
     try:
-        conn.request("GET", "/tap?" + urllib.parse.urlencode({"pod": pod}))
-        resp = conn.getresponse()
+        try:
+            conn.request("GET", "/tap?" + urllib.parse.urlencode({"pod": pod}))
+            resp = conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            raise AdminUnreachable([url], f"{url}: {exc}") from None
         if resp.status != HTTP_OK:
             reason = resp.read().decode(errors="replace").strip()
             raise AgentError(f"tap at {url} refused ({resp.status}): {reason}")
         sent = 0
         while max_events <= 0 or sent < max_events:
-            line = resp.readline()
-            if not line:
+            event = _tap_event(url, resp)
+            if event is None:
                 return
-            event = json.loads(line)
             if "dropped" in event and len(event) == 1:
                 yield event
                 continue
@@ -265,6 +268,27 @@ def tap(
                 yield event
     finally:
         conn.close()
+
+
+def _tap_event(url: str, resp: http.client.HTTPResponse) -> dict[str, Any] | None:
+    """The next event of a tap stream; None at its end.
+
+    Raises:
+        AgentError: the stream broke off, or its line is not a JSON object.
+    """
+    try:
+        line = resp.readline()
+    except (OSError, http.client.HTTPException) as exc:
+        raise AgentError(f"tap at {url} broke off: {exc}") from None
+    if not line:
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        event = None
+    if not isinstance(event, dict):
+        raise AgentError(f"tap at {url} sent a line that is not a JSON object: {line[:120]!r}")
+    return event
 
 
 # --- diagnostics -------------------------------------------------------------------

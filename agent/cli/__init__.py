@@ -29,10 +29,11 @@ import sys
 from collections.abc import Callable, Sequence
 
 from agent import __version__, logs
-from agent.errors import AgentError
+from agent.errors import AgentError, SettingError
 from agent.render import FORMATS, render
 
 Handler = Callable[[argparse.Namespace], int]
+ENV_LOG_LEVEL = "MESHAGENT_LOG_LEVEL"
 
 
 def output_flag(parser: argparse.ArgumentParser, formats: Sequence[str] = FORMATS) -> None:
@@ -88,8 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"meshagent {__version__}")
     parser.add_argument(
         "--log-level",
-        default=os.environ.get("MESHAGENT_LOG_LEVEL", "info"),
-        help="log level (debug, info, warning, error); env MESHAGENT_LOG_LEVEL",
+        help=f"log level ({', '.join(logs.LEVELS)}; default info); env {ENV_LOG_LEVEL}",
     )
     sub = parser.add_subparsers(dest="noun", metavar="COMMAND", required=True)
     for register in _nouns():
@@ -97,13 +97,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_level(args: argparse.Namespace) -> str:
+    """`--log-level`, else its variable, else info.
+
+    Raises:
+        SettingError: not one of `logs.LEVELS`.
+    """
+    raw: str | None = args.log_level
+    source = "--log-level"
+    if raw is None:
+        raw, source = os.environ.get(ENV_LOG_LEVEL), ENV_LOG_LEVEL
+    if raw is None:
+        return "info"
+    if raw.lower() not in logs.LEVELS:
+        raise SettingError(source, raw, f"must be one of {', '.join(logs.LEVELS)}")
+    return raw.lower()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `meshagent` and `python -m agent`."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logs.setup(args.log_level)
     handler: Handler = args.handler
     try:
+        args.log_level = _log_level(args)
+        logs.setup(args.log_level)
         return handler(args)
     except AgentError as exc:
         print(f"meshagent: error: {exc}", file=sys.stderr)

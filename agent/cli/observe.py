@@ -13,14 +13,11 @@ values. `diagnostics` exits 1 when no agent knows the target.
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import TYPE_CHECKING
 
 from agent.cli import admin_flag, emit, output_flag
 from agent.render import render
-
-if TYPE_CHECKING:
-    import argparse
 
 
 def register_stat(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,10 +68,23 @@ def register_tap(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     parser.add_argument("-n", "--namespace", default="default")
     parser.add_argument("--to", help="only traffic to this authority, address or pod")
     parser.add_argument("--path", help="only requests whose path starts with this")
-    parser.add_argument("--max", type=int, default=0, help="stop after N events (default: never)")
+    parser.add_argument(
+        "--max", type=_events, default=0, help="stop after N events (default: never)"
+    )
     admin_flag(parser)
     output_flag(parser, ("table", "json"))
     parser.set_defaults(handler=_tap)
+
+
+def _events(raw: str) -> int:
+    """`--max`: a count of events, 0 for never stopping."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count of events: {raw!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (never stop) or more, got {value}")
+    return value
 
 
 def _tap(args: argparse.Namespace) -> int:
