@@ -41,7 +41,14 @@ def refuse_existing(paths: Iterable[Path], *, force: bool) -> None:
 
 def write_file(path: Path, data: bytes, *, mode: int) -> None:
     """Write `data` to `path` atomically, the file never having a wider `mode`."""
-    path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    if path.parent.exists() and not path.parent.is_dir():
+        raise PKIError(str(path.parent), "not a directory")
+    try:
+        path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PKIError(
+            str(path.parent), f"cannot make the directory: {exc.strerror or exc}"
+        ) from exc
     tmp = path.with_name(f".{path.name}.tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
