@@ -100,6 +100,14 @@ def parse_path(raw: str) -> Path:
     return Path(raw)
 
 
+def parse_dir_path(raw: str) -> Path:
+    """A directory, existing or to be made: not a file."""
+    path = parse_path(raw)
+    if path.exists() and not path.is_dir():
+        raise ValueError("not a directory")
+    return path
+
+
 def parse_host_port(raw: str) -> tuple[str, int]:
     """`host:port` or `[v6]:port`."""
     host, sep, port = raw.rpartition(":")

@@ -106,3 +106,7 @@ class PrerequisiteError(AgentError):
         self.what = what
         self.hint = hint
         super().__init__(f"{what} (hint: {hint})")
+
+
+class PoolError(AgentError):
+    """The proxy workers could not be started."""

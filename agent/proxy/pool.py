@@ -30,6 +30,10 @@ Rules:
    each listener group. With `WorkerOptions.pin` too, slot i's worker, and each
    replacement of it, pins itself to that CPU (`--cpu`). With `steer` off, there is
    no program (the kernel's hash spreads connections) and only the pinning is left.
+8. `start` fails (`PoolError`) as soon as a worker exits before it was ready (a plugin
+   that does not load, a bad build): a worker that cannot start would only die again,
+   so the agent stops with the reason instead of waiting out `READY_S`. After `start`,
+   a worker that dies is replaced (rule 3).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from agent.errors import PoolError
 from agent.proxy import channel as ch
 from agent.proxy import placement
 from agent.redirect.model import PROXY_MARK
@@ -230,27 +235,39 @@ class WorkerPool:
     # --- lifecycle ------------------------------------------------------------------
 
     async def start(self, ready_timeout: float | None = None) -> None:
-        """Start the N workers and wait until each has said `Ready`.
+        """Start the N workers and wait until each has said `Ready` (rule 8).
 
         Raises:
-            TimeoutError: some worker was not ready within `ready_timeout` (default
-                `READY_S`, or `WRAPPED_READY_S` for wrapped workers: rule 6).
+            PoolError: a worker exited before it was ready, or some worker was not
+                ready within `ready_timeout` (default `READY_S`, or `WRAPPED_READY_S`
+                for wrapped workers: rule 6).
             OSError: a worker process could not be started.
         """
         for worker_id in range(self.n):
             self._spawn(worker_id)
         if ready_timeout is None:
             ready_timeout = WRAPPED_READY_S if self.options.wrap else READY_S
-        await self.wait_ready(ready_timeout)
+        try:
+            await self.wait_ready(ready_timeout, fail_on_exit=True)
+        except TimeoutError:
+            raise PoolError(f"proxy workers not ready within {ready_timeout:g} s") from None
 
-    async def wait_ready(self, timeout: float = 10.0) -> None:  # noqa: ASYNC109 - a deadline parameter reads better here
+    async def wait_ready(self, timeout: float = 10.0, *, fail_on_exit: bool = False) -> None:  # noqa: ASYNC109 - a deadline parameter reads better here
         """Until every slot has a live, ready worker.
 
         Raises:
             TimeoutError: not within `timeout`.
+            PoolError: with `fail_on_exit`, a worker exited meanwhile.
         """
+        seen = len(self.exits)
         async with asyncio.timeout(timeout):
             while True:
+                if fail_on_exit and len(self.exits) > seen:
+                    dead = self.exits[seen]
+                    raise PoolError(
+                        f"proxy worker {dead.worker_id} exited with status {dead.status} "
+                        "before it was ready (its error is logged above)"
+                    )
                 procs = list(self._procs.values())
                 if len(procs) == self.n and all(p.ready.done() for p in procs):
                     return

@@ -44,8 +44,24 @@ def parse_control_plane(raw: str) -> str:
 
 
 def parse_plugins(raw: str) -> tuple[str, ...]:
-    """A comma-separated list of worker plugin modules (may be empty)."""
-    return tuple(p.strip() for p in raw.split(",") if p.strip())
+    """A comma-separated list of worker plugin modules (may be empty): module names this
+    Python finds, or paths of `.py` files (`agent.proxy.worker.load_plugin`). Checked
+    here, not imported: only the workers import them."""
+    import importlib.util  # noqa: PLC0415
+
+    plugins = tuple(p.strip() for p in raw.split(",") if p.strip())
+    for plugin in plugins:
+        if plugin.endswith(".py"):
+            if not Path(plugin).is_file():
+                raise ValueError(f"plugin file {plugin} does not exist")
+            continue
+        try:
+            found = importlib.util.find_spec(plugin)
+        except (ImportError, ValueError):  # a parent package is missing, or a bad name
+            found = None
+        if found is None:
+            raise ValueError(f"no module named {plugin!r}")
+    return plugins
 
 
 RUN_OPTIONS: tuple[Option, ...] = (
@@ -117,7 +133,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option(flag="--policy-addr", parse=config.parse_host_port, help="policy HOST:PORT"),
     Option(
         flag="--netns-dir",
-        parse=config.parse_path,
+        parse=config.parse_dir_path,
         default=str(NETNS_DIR),
         help="where pods' network namespaces are held (bind mounts)",
     ),

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from agent import netlab
+from agent.errors import PoolError
 from agent.proxy import placement
 from agent.proxy.channel import Need, StateUpdate
 from agent.proxy.listener import (
@@ -179,6 +180,23 @@ async def _stats_until(pool: WorkerPool, pred, within: float = 5.0) -> dict:
             if all(stats.values()) and pred(stats):
                 return stats
             await asyncio.sleep(0.05)
+
+
+async def test_a_worker_that_cannot_start_fails_the_start_at_once(tmp_path):
+    """Pool rule 8: a plugin that raises as it loads stops `start` with the reason, well
+    before `READY_S`, and leaves no worker running."""
+    plugin = tmp_path / "broken.py"
+    plugin.write_text('raise RuntimeError("broken plugin")\n')
+    pool = WorkerPool(2, options=WorkerOptions(plugins=(str(plugin),), grace_s=1.0))
+    started = time.monotonic()
+    try:
+        with pytest.raises(PoolError, match="exited with status 1 before it was ready"):
+            await pool.start(ready_timeout=30)
+        assert time.monotonic() - started < 10
+    finally:
+        await pool.close()
+    assert pool.pids == []
+    assert all(record.status == 1 for record in pool.exits)
 
 
 async def test_both_workers_accept_and_relay_to_the_echo_server(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import parse_positive_seconds, parse_seconds
+from agent.config import parse_dir_path, parse_positive_seconds, parse_seconds
 
 
 @pytest.mark.parametrize(
@@ -34,3 +34,11 @@ def test_a_positive_duration_refuses_zero():
     assert parse_positive_seconds("0.2") == 0.2
     with pytest.raises(ValueError, match="must be positive"):
         parse_positive_seconds("0")
+
+
+def test_a_directory_path_may_be_new_but_not_a_file(tmp_path):
+    assert parse_dir_path(str(tmp_path)) == tmp_path
+    assert parse_dir_path(str(tmp_path / "new")) == tmp_path / "new"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="not a directory"):
+        parse_dir_path(str(tmp_path / "file"))

@@ -74,3 +74,19 @@ def test_cpu_placement_is_off_unless_asked_and_pins_only_when_pin(tmp_path):
 def test_workers_default_to_the_cpus_this_process_may_use(tmp_path):
     assert _settings(tmp_path, []).workers == len(os.sched_getaffinity(0))
     assert _settings(tmp_path, ["--workers", "3"]).workers == 3
+
+
+def test_worker_plugins_are_found_before_any_worker_starts(tmp_path):
+    plugin = tmp_path / "plug.py"
+    plugin.write_text("")
+    got = _settings(tmp_path, ["--worker-plugins", f"agent.proxy.dataplane, {plugin}"])
+    assert got.worker_plugins == ("agent.proxy.dataplane", str(plugin))
+    bad = {
+        "nope.mod": "no module named 'nope.mod'",
+        "agent.nope": "no module named 'agent.nope'",
+        str(tmp_path / "gone.py"): "does not exist",
+    }
+    for value, why in bad.items():
+        with pytest.raises(SettingError, match="--worker-plugins") as err:
+            _settings(tmp_path, ["--worker-plugins", value])
+        assert why in str(err.value)
