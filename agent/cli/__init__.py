@@ -27,6 +27,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from agent import __version__, logs
 from agent.errors import AgentError, SettingError
@@ -40,6 +41,19 @@ def output_flag(parser: argparse.ArgumentParser, formats: Sequence[str] = FORMAT
     parser.add_argument(
         "-o", "--output", choices=list(formats), default="table", help="output format"
     )
+
+
+def arg_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse `type` from one of agent.config's parsers: its ValueError's reason
+    becomes argparse's message (`argument --duration: not a finite duration: 'nan'`)."""
+
+    def convert(raw: str) -> Any:
+        try:
+            return parse(raw)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc}: {raw!r}") from None
+
+    return convert
 
 
 def admin_flag(parser: argparse.ArgumentParser) -> None:

@@ -20,7 +20,8 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from agent.cli import add_verbs, emit, output_flag
+from agent.cli import add_verbs, arg_type, emit, output_flag
+from agent.config import parse_positive_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -41,7 +42,10 @@ def register_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     up.add_argument("--no-agents", action="store_true", help="pods without the mesh")
     when = up.add_mutually_exclusive_group()
     when.add_argument(
-        "--duration", type=float, metavar="S", help="drive traffic S seconds, then down"
+        "--duration",
+        type=arg_type(parse_positive_seconds),
+        metavar="S",
+        help="drive traffic S seconds (30, 2m), then down",
     )
     when.add_argument("--detach", action="store_true", help="return once ready, leave it running")
     up.set_defaults(handler=_sandbox_up)
@@ -51,7 +55,12 @@ def register_sandbox(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     dn = verbs.add_parser("down", help="remove everything the sandbox made")
     dn.set_defaults(handler=_sandbox_down)
     vw = verbs.add_parser("view", help="drive traffic and show the live view on a running sandbox")
-    vw.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    vw.add_argument(
+        "--duration",
+        type=arg_type(parse_positive_seconds),
+        metavar="S",
+        help="stop after S seconds (30, 2m)",
+    )
     vw.set_defaults(handler=_sandbox_view)
     ex = verbs.add_parser(
         "exec", help="run a command inside a pod (its netns and cgroup), like kubectl exec"
@@ -96,11 +105,12 @@ def _sandbox_up(args: argparse.Namespace) -> int:
         progress=lambda msg: print(f"  {msg}", flush=True),
     )
     print("meshagent sandbox: building", flush=True)
-    info = run.up(opts)
-    print(run.hints(info))
-    if opts.detach:
-        return 0
-    return run.foreground(opts)
+    with _terminate_as_interrupt():  # a build interrupted, or the foreground, ends in down
+        info = run.up(opts)
+        print(run.hints(info))
+        if opts.detach:
+            return 0
+        return run.foreground(opts)
 
 
 def _sandbox_status(args: argparse.Namespace) -> int:
@@ -258,9 +268,10 @@ def _bad_flag(args: argparse.Namespace, why: str) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt here, as Ctrl-C does, so the run's cleanup runs
-    (its node agents, HAProxy and load processes stopped, its lab removed); Python's
-    default for SIGTERM is to die on the spot and leave them all behind."""
+    """SIGTERM raises KeyboardInterrupt here, as Ctrl-C does, so the command's cleanup
+    runs (a bench's node agents, HAProxy and load processes stopped and its lab removed;
+    a sandbox taken down); Python's default for SIGTERM is to die on the spot and leave
+    them all behind."""
 
     def interrupt(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt

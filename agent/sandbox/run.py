@@ -120,6 +120,8 @@ def preflight(opts: UpOptions) -> str:
         )
     if not 1 <= opts.nodes <= 16:
         raise SandboxError("preflight", f"--nodes {opts.nodes}", "use 1 to 16 nodes")
+    if opts.identity_dir is not None:
+        _check_pki(opts.identity_dir)
     if cgroup2_root() is None:
         raise SandboxError(
             "preflight", "no cgroup v2 mount", "mount -t cgroup2 none /sys/fs/cgroup/unified"
@@ -136,6 +138,26 @@ def preflight(opts: UpOptions) -> str:
                     f"see who holds it: ss -ltnp 'sport = :{port}'",
                 ) from None
     return _redirect_mode(opts.redirect)
+
+
+def _check_pki(identity_dir: Path) -> None:
+    """`--identity-dir` holds a trust anchor and an issuer that chains to it, in date.
+
+    Raises:
+        SandboxError: it does not, saying which file and why.
+    """
+    from agent.errors import PKIError  # noqa: PLC0415
+    from agent.identity import ca  # noqa: PLC0415 - cryptography, only when given
+
+    try:
+        ca.load_issuer(identity_dir)
+    except PKIError as exc:
+        raise SandboxError(
+            "preflight",
+            f"--identity-dir {identity_dir}: {exc}",
+            f"meshagent certs create-root {identity_dir} && "
+            f"meshagent certs create-issuer --ca {identity_dir} {identity_dir}",
+        ) from None
 
 
 def _need_root(verb: str = "up") -> None:
