@@ -10,7 +10,9 @@ Rules:
 1. The record is saved after every change, atomically (a temporary file
    renamed over `STATE_FILE`), so a crash leaves the last whole record.
 2. `spawn` records each process with its PID, start time and final command line
-   (once `nsenter` / `ip netns exec` has exec'd it: the PID stays the same).
+   (once `nsenter` / `ip netns exec` has exec'd it: the PID stays the same). A spawn
+   interrupted before that (Ctrl-C, SIGTERM) kills the process it started, which no
+   record would find.
 3. A recorded process is ours only while its start time and command line still
    match the record (`ours`); `kill_recorded` signals no other, so a reused PID
    is never killed.
@@ -134,25 +136,33 @@ def spawn(  # noqa: PLR0913 - one process, fully described
             env={**os.environ, **(env or {})},
             cwd=REPO,
         )
-    # nsenter / ip netns exec exec the command: same PID; record the final argv once visible.
-    deadline = time.monotonic() + 5
-    argv_now = _cmdline(proc.pid)
-    while (
-        time.monotonic() < deadline and argv_now is not None and argv_now[: len(argv)] != list(argv)
-    ):
-        time.sleep(0.01)
+    try:
+        # nsenter / ip netns exec exec the command: same PID; record the final argv once
+        # visible.
+        deadline = time.monotonic() + 5
         argv_now = _cmdline(proc.pid)
-    state.add(
-        "procs",
-        {
-            "pid": proc.pid,
-            "start": start_time(proc.pid),
-            "argv": argv_now,
-            "role": role,
-            "name": name,
-            "log": str(log),
-        },
-    )
+        while (
+            time.monotonic() < deadline
+            and argv_now is not None
+            and argv_now[: len(argv)] != list(argv)
+        ):
+            time.sleep(0.01)
+            argv_now = _cmdline(proc.pid)
+        state.add(
+            "procs",
+            {
+                "pid": proc.pid,
+                "start": start_time(proc.pid),
+                "argv": argv_now,
+                "role": role,
+                "name": name,
+                "log": str(log),
+            },
+        )
+    except BaseException:  # interrupted before it was recorded: `down` would not know it
+        proc.kill()
+        proc.wait()
+        raise
     return proc
 
 

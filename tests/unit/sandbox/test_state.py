@@ -1,0 +1,67 @@
+"""agent.sandbox.state: a process `spawn` started is recorded, or, when the spawn is
+interrupted before it could be, killed (rule 2): `down` finds only what was recorded."""
+
+from __future__ import annotations
+
+import signal
+
+import psutil
+import pytest
+
+from agent.sandbox import state
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    monkeypatch.setattr(state, "SANDBOX_DIR", tmp_path)
+    monkeypatch.setattr(state, "STATE_FILE", tmp_path / "state.json")
+    return state.State({})
+
+
+# `sleep 60` is exec'd half a second after the spawn: the spawn waits for it
+LATE_EXEC = ["sh", "-c", 'sleep 0.5; exec "$@"', "sh"]
+
+
+def test_a_spawned_process_is_recorded_with_its_final_command_line(recorded, tmp_path):
+    proc = state.spawn(
+        recorded,
+        ["sleep", "60"],
+        role="app",
+        name="a",
+        log=tmp_path / "a.log",
+        netns_argv=LATE_EXEC,
+    )
+    try:
+        (rec,) = recorded.data["procs"]
+        assert rec["pid"] == proc.pid
+        assert rec["argv"] == ["sleep", "60"]
+        assert state.ours(rec)
+    finally:
+        assert state.kill_recorded(recorded.data["procs"]) == []
+    assert proc.poll() is not None
+
+
+def test_a_spawn_interrupted_before_the_record_kills_what_it_started(recorded, tmp_path):
+    me = psutil.Process()
+    before = {p.pid for p in me.children()}
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)  # while the spawn waits for the exec
+        with pytest.raises(KeyboardInterrupt):
+            state.spawn(
+                recorded,
+                ["sleep", "60"],
+                role="app",
+                name="a",
+                log=tmp_path / "a.log",
+                netns_argv=LATE_EXEC,
+            )
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert "procs" not in recorded.data
+    assert {p.pid for p in me.children()} == before  # killed and reaped, not left running
