@@ -110,3 +110,12 @@ class PrerequisiteError(AgentError):
 
 class PoolError(AgentError):
     """The proxy workers could not be started."""
+
+
+class RegistryError(AgentError):
+    """The enrolled-pods registry's file is not one; it is neither read nor replaced."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"registry {path}: {reason}")

@@ -251,11 +251,15 @@ class EbpfRedirector(EbpfNode):
         Raises:
             RedirectError: no cgroup in the spec, a program or attach failed.
             PrerequisiteError: see `install`.
+            RegistryError: the registry's file is not one; checked before the kernel is
+                touched, so no capture is left that nothing records.
         """
         if spec.cgroup is None:
             raise RedirectError(
                 spec.pod, str(spec.netns), "enroll", "eBPF mode needs the pod's cgroup"
             )
+        if self.registry is not None:
+            self.registry.check()
         self.install()
         steer = "sk_lookup" in self._fds
         cookie = netns_cookie_of(spec.netns)

@@ -168,7 +168,11 @@ class IptablesRedirector:
 
         Raises:
             RedirectError: a command failed, or the kernel does not match the plan after.
+            RegistryError: the registry's file is not one; checked before the kernel is
+                touched, so no capture is left that nothing records.
         """
+        if self.registry is not None:
+            self.registry.check()
         tables = self.tables(spec)
         backend = self.backend_for(spec, tables)
         for other in self.backends_with_rules(spec, tables):

@@ -10,6 +10,9 @@ Rules:
    and replace the file atomically (write a temp file, rename).
 2. Entries are keyed by pod ("namespace/name"); one pod, one entry.
 3. Unknown fields are ignored on read, so other modes can add their own.
+4. A file that is there but is not a JSON object (another file named by mistake, a
+   damaged one) is a `RegistryError` for readers and writers alike: never read as
+   empty, never replaced, so nothing in it is lost.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.errors import RegistryError
 from agent.redirect.model import CaptureSpec, Mode, PortRange, PortSet
 
 if TYPE_CHECKING:
@@ -141,13 +145,29 @@ class Registry:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _raw(self) -> dict[str, Any]:
+        """The file's object; {} when there is no file.
+
+        Raises:
+            RegistryError: it is there but is not a JSON object (rule 4).
+        """
         try:
-            data = json.loads(self.path.read_text())
+            text = self.path.read_text()
         except FileNotFoundError:
             return {}
-        except ValueError:
-            return {}
-        return data if isinstance(data, dict) else {}
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RegistryError(str(self.path), f"cannot read: {exc}") from None
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            data = exc
+        if not isinstance(data, dict):
+            why = f"not JSON ({data})" if isinstance(data, ValueError) else "not a JSON object"
+            raise RegistryError(
+                str(self.path),
+                f"not a registry of enrolled pods: {why}; left as it is (move it away, "
+                "or name another with --registry)",
+            )
+        return data
 
     def _write(self, data: dict[str, Any]) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
@@ -155,18 +175,34 @@ class Registry:
         tmp.replace(self.path)
 
     def load(self) -> dict[str, Enrollment]:
-        """Every well-formed entry, by pod (malformed entries are skipped)."""
+        """Every well-formed entry, by pod (malformed entries are skipped).
+
+        Raises:
+            RegistryError: the file is not a registry (rule 4).
+        """
         out: dict[str, Enrollment] = {}
         for pod, d in self._raw().items():
             with contextlib.suppress(KeyError, ValueError, TypeError):
                 out[pod] = _from_json(d)
         return out
 
+    def check(self) -> None:
+        """Before a capture is programmed: a registry `put` would refuse later.
+
+        Raises:
+            RegistryError: the file is not a registry (rule 4).
+        """
+        self._raw()
+
     def get(self, pod: str) -> Enrollment | None:
         return self.load().get(pod)
 
     def put(self, entry: Enrollment) -> None:
-        """Add or replace the entry of `entry.pod`."""
+        """Add or replace the entry of `entry.pod`.
+
+        Raises:
+            RegistryError: the file is not a registry (rule 4).
+        """
         with self._locked():
             data = self._raw()
             previous = data.get(entry.pod, {})
@@ -177,7 +213,11 @@ class Registry:
             self._write(data)
 
     def remove(self, pod: str) -> bool:
-        """Drop `pod`'s entry; False if it had none."""
+        """Drop `pod`'s entry; False if it had none.
+
+        Raises:
+            RegistryError: the file is not a registry (rule 4).
+        """
         with self._locked():
             data = self._raw()
             if pod not in data:

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent import aio
 from agent.control.cache import PolicyKey
-from agent.errors import AgentError, SettingError
+from agent.errors import AgentError, RegistryError, SettingError
 from agent.pods import discover, reconcile
 from agent.proxy import channel as ch
 from agent.proxy import state
@@ -187,7 +187,11 @@ class Enrollments:
 
     async def forget_stale(self) -> None:
         """Unenroll registry entries (a previous run's) for pods no longer desired (rule 3)."""
-        entries = await asyncio.to_thread(self.registry.load)
+        try:
+            entries = await asyncio.to_thread(self.registry.load)
+        except RegistryError as exc:  # its pods' captures stay; enrolling says so again
+            logger.warning("previous run's pods not read", extra={"error": str(exc)})
+            return
         mine = str(self.settings.netns_dir)
         stale = [
             (pod, entry)

@@ -310,6 +310,22 @@ def test_a_stale_native_build_is_named_and_the_sources_serve(mesh: Mesh) -> None
     assert "native=active" not in log
 
 
+def test_a_registry_file_that_is_not_one_is_kept_and_no_pod_is_captured(mesh: Mesh) -> None:
+    """agent.redirect.registry rule 4: the agent runs, not ready, says why, and captures no
+    pod it could not record (rules nothing records would outlive it); the file is kept."""
+    a = mesh.pod("client", server=False)
+    text = "not a registry\n"
+    mesh.registry.write_text(text)
+    mesh.start("--redirect", "iptables")
+    pending = wait_for("the pod pending", lambda: mesh.dump()["pending"])
+    assert "not a registry of enrolled pods" in pending["shop/client"]
+    assert mesh.admin("/ready")[0] != 200
+    assert "PROXY_INIT_REDIRECT" not in nat_rules(a)
+    assert mesh.stop() == 0
+    assert mesh.registry.read_text() == text
+    assert "previous run's pods not read" in mesh.agent_log()
+
+
 def test_pods_added_and_removed_while_running_are_enrolled_and_unenrolled(mesh: Mesh) -> None:
     mesh.pod("first", server=False)
     later = mesh.pod("later", manifest=False, server=False)
