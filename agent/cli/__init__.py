@@ -111,16 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def flag_or_env(value: str | None, flag: str, env: str) -> tuple[str | None, str]:
+    """A flag's text and where it came from: the flag, else its variable, else None."""
+    if value is not None:
+        return value, flag
+    if env in os.environ:
+        return os.environ[env], env
+    return None, flag
+
+
 def _log_level(args: argparse.Namespace) -> str:
     """`--log-level`, else its variable, else info.
 
     Raises:
         SettingError: not one of `logs.LEVELS`.
     """
-    raw: str | None = args.log_level
-    source = "--log-level"
-    if raw is None:
-        raw, source = os.environ.get(ENV_LOG_LEVEL), ENV_LOG_LEVEL
+    raw, source = flag_or_env(args.log_level, "--log-level", ENV_LOG_LEVEL)
     if raw is None:
         return "info"
     if raw.lower() not in logs.LEVELS:

@@ -20,7 +20,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from agent.cli import add_verbs, arg_type, emit, output_flag
+from agent.cli import add_verbs, arg_type, emit, flag_or_env, output_flag
 from agent.config import parse_positive_seconds
 
 if TYPE_CHECKING:
@@ -205,15 +205,6 @@ ENV_DURATION = "MESHAGENT_BENCH_DURATION"
 ENV_PLACEMENT = "MESHAGENT_BENCH_PLACEMENT"
 
 
-def _flag_or_env(value: str | None, flag: str, env: str) -> tuple[str | None, str]:
-    """A bench flag's text and where it came from: the flag, else its variable."""
-    if value is not None:
-        return value, flag
-    if env in os.environ:
-        return os.environ[env], env
-    return None, flag
-
-
 def _bench_duration(args: argparse.Namespace) -> float | None:
     """`--duration` (or its variable) in seconds; None: the run's default.
 
@@ -223,7 +214,7 @@ def _bench_duration(args: argparse.Namespace) -> float | None:
     from agent.config import parse_positive_seconds  # noqa: PLC0415
     from agent.errors import SettingError  # noqa: PLC0415
 
-    raw, source = _flag_or_env(args.duration, "--duration", ENV_DURATION)
+    raw, source = flag_or_env(args.duration, "--duration", ENV_DURATION)
     if raw is None:
         return None
     try:
@@ -256,10 +247,10 @@ def _bad_flag(args: argparse.Namespace, why: str) -> tuple[str, str]:
     if args.repeat < 1:
         return "--repeat", str(args.repeat)
     if why.startswith("--placement"):
-        raw, source = _flag_or_env(args.placement, "--placement", ENV_PLACEMENT)
+        raw, source = flag_or_env(args.placement, "--placement", ENV_PLACEMENT)
         return source, str(raw)
     if why.startswith("--icount"):
-        raw, source = _flag_or_env(args.duration, "--duration", ENV_DURATION)
+        raw, source = flag_or_env(args.duration, "--duration", ENV_DURATION)
         return source, str(raw)
     if why.startswith("--variant"):
         return "--variant", " ".join(args.variant)
@@ -291,7 +282,7 @@ def _bench(args: argparse.Namespace) -> int:
     from agent.errors import SettingError  # noqa: PLC0415
 
     out = Path(args.out) if args.out else Path.cwd()
-    placement, _ = _flag_or_env(args.placement, "--placement", ENV_PLACEMENT)
+    placement, _ = flag_or_env(args.placement, "--placement", ENV_PLACEMENT)
     try:
         opts = harness.Options.make(
             quick=args.quick,

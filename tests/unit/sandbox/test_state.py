@@ -22,8 +22,8 @@ def recorded(tmp_path, monkeypatch):
 LATE_EXEC = ["sh", "-c", 'sleep 0.5; exec "$@"', "sh"]
 
 
-def test_a_spawned_process_is_recorded_with_its_final_command_line(recorded, tmp_path):
-    proc = state.spawn(
+def _spawn_late(recorded: state.State, tmp_path):
+    return state.spawn(
         recorded,
         ["sleep", "60"],
         role="app",
@@ -31,6 +31,10 @@ def test_a_spawned_process_is_recorded_with_its_final_command_line(recorded, tmp
         log=tmp_path / "a.log",
         netns_argv=LATE_EXEC,
     )
+
+
+def test_a_spawned_process_is_recorded_with_its_final_command_line(recorded, tmp_path):
+    proc = _spawn_late(recorded, tmp_path)
     try:
         (rec,) = recorded.data["procs"]
         assert rec["pid"] == proc.pid
@@ -52,14 +56,7 @@ def test_a_spawn_interrupted_before_the_record_kills_what_it_started(recorded, t
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.2)  # while the spawn waits for the exec
         with pytest.raises(KeyboardInterrupt):
-            state.spawn(
-                recorded,
-                ["sleep", "60"],
-                role="app",
-                name="a",
-                log=tmp_path / "a.log",
-                netns_argv=LATE_EXEC,
-            )
+            _spawn_late(recorded, tmp_path)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
