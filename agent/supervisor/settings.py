@@ -6,7 +6,6 @@ default); `RunSettings.from_values` checks what spans several flags.
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from agent.config import DESTINATION_PORT, IDENTITY_PORT, POLICY_PORT, Option
 from agent.errors import SettingError
 from agent.pods.discover import NETNS_DIR
 from agent.proxy.pool import H2_UPGRADE_MODES
+from agent.supervisor import cpulimit
 
 REDIRECT_MODES = ("iptables", "ebpf", "auto")
 EMBEDDED = "embedded"
@@ -82,7 +82,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option(
         flag="--workers",
         parse=config.parse_positive_int,
-        help="worker processes (default: one per CPU this process may run on)",
+        help="worker processes (default: one per CPU this process may run on, at most its "
+        "cgroup's CPU limit rounded up)",
     ),
     Option(
         flag="--cpu-placement",
@@ -222,7 +223,7 @@ class RunSettings:
             manifests=values["pods_from"],
             node=values["node"] or socket.gethostname(),
             redirect=values["redirect"],
-            workers=values["workers"] or len(os.sched_getaffinity(0)),
+            workers=values["workers"] or cpulimit.usable_cpus(),
             cpu_placement=values["cpu_placement"],
             admin_addr=values["admin_addr"],
             grace=values["grace"],

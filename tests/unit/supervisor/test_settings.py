@@ -11,6 +11,7 @@ from agent import config
 from agent.errors import SettingError
 from agent.proxy import worker
 from agent.proxy.pool import WorkerOptions
+from agent.supervisor import cpulimit
 from agent.supervisor.settings import RUN_OPTIONS, RunSettings
 
 
@@ -72,7 +73,8 @@ def test_cpu_placement_is_off_unless_asked_and_pins_only_when_pin(tmp_path):
 
 
 def test_workers_default_to_the_cpus_this_process_may_use(tmp_path):
-    assert _settings(tmp_path, []).workers == len(os.sched_getaffinity(0))
+    assert _settings(tmp_path, []).workers == cpulimit.usable_cpus()
+    assert cpulimit.usable_cpus() <= len(os.sched_getaffinity(0))
     assert _settings(tmp_path, ["--workers", "3"]).workers == 3
 
 
