@@ -63,11 +63,16 @@ def load_state() -> dict[str, Any] | None:
         SandboxError: the state file exists but cannot be read or parsed.
     """
     try:
-        return dict(json.loads(STATE_FILE.read_text()))
+        data = json.loads(STATE_FILE.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
         raise SandboxError(str(STATE_FILE), f"unreadable: {exc}", "remove it by hand") from exc
+    if not isinstance(data, dict):
+        raise SandboxError(
+            str(STATE_FILE), "not a sandbox record (not a JSON object)", "remove it by hand"
+        )
+    return data
 
 
 class State:

@@ -9,6 +9,7 @@ import psutil
 import pytest
 
 from agent.sandbox import state
+from agent.sandbox.state import SandboxError
 
 
 @pytest.fixture
@@ -62,3 +63,12 @@ def test_a_spawn_interrupted_before_the_record_kills_what_it_started(recorded, t
         signal.signal(signal.SIGALRM, previous)
     assert "procs" not in recorded.data
     assert {p.pid for p in me.children()} == before  # killed and reaped, not left running
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "{not json"])
+def test_a_record_that_is_not_one_is_an_error_naming_the_file(recorded, text):
+    state.STATE_FILE.write_text(text)
+    with pytest.raises(SandboxError) as err:
+        state.load_state()
+    assert str(state.STATE_FILE) in str(err.value)
+    assert state.STATE_FILE.read_text() == text  # left for the user to look at
