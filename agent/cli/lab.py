@@ -211,7 +211,6 @@ def _bench_duration(args: argparse.Namespace) -> float | None:
     Raises:
         SettingError: not a duration above zero.
     """
-    from agent.config import parse_positive_seconds  # noqa: PLC0415
     from agent.errors import SettingError  # noqa: PLC0415
 
     raw, source = flag_or_env(args.duration, "--duration", ENV_DURATION)

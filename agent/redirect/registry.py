@@ -159,15 +159,17 @@ class Registry:
         try:
             data = json.loads(text)
         except ValueError as exc:
-            data = exc
+            raise self._not_one(f"not JSON ({exc})") from None
         if not isinstance(data, dict):
-            why = f"not JSON ({data})" if isinstance(data, ValueError) else "not a JSON object"
-            raise RegistryError(
-                str(self.path),
-                f"not a registry of enrolled pods: {why}; left as it is (move it away, "
-                "or name another with --registry)",
-            )
+            raise self._not_one("not a JSON object")
         return data
+
+    def _not_one(self, why: str) -> RegistryError:
+        return RegistryError(
+            str(self.path),
+            f"not a registry of enrolled pods: {why}; left as it is (move it away, or name "
+            "another with --registry)",
+        )
 
     def _write(self, data: dict[str, Any]) -> None:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
