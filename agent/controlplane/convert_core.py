@@ -1,57 +1,88 @@
 """Validated core documents -> `kinds_core` dataclasses, and what every converter shares.
 
-The converters of v1 Namespace, ServiceAccount, Pod, Service and Endpoints,
-discovery.k8s.io/v1 EndpointSlice and apps/v1 Deployment, listed in
-`KIND_TABLE` with the model and apiVersions of each kind. Shared with
-`convert_linkerd`: `Invalid`, `Kind`, `label_selector` and `object_ref`.
+The converters of v1 Service and Endpoints, discovery.k8s.io/v1
+EndpointSlice and apps/v1 Deployment, listed in `KIND_TABLE` with the model
+and apiVersions of each kind (Namespace, ServiceAccount and Pod are read by
+hand, in `plain`). Shared with `convert_linkerd`: `validated` (a kind's
+`plain.Kind` from its model and converter), `Invalid`, `label_selector` and
+`object_ref`.
 
 Rules:
 1. A converter takes a validated `schema_core` model and the `base` fields
-   `documents` read from its metadata (name, namespace, uid, labels,
+   `plain.base` read from its metadata (name, namespace, uid, labels,
    annotations, source) and returns one `kinds_core` dataclass; no pydantic
    model is returned.
 2. What pydantic cannot check field by field (several fields together) is
    checked here and raised as `Invalid(field, reason)`, `field` a dotted path
-   in the document; `documents` makes it a `ManifestError`.
-3. A kind is namespaced unless its `Kind` says otherwise; `documents` fills
-   in the "default" namespace.
+   in the document; a pydantic validation error becomes one too, at its
+   first location, with how many more (`validated`). `documents` makes
+   either a `ManifestError`.
+3. A Deployment's pod template spec is read by `plain.pod_template`, the
+   reader of a Pod's spec, so the two cannot disagree.
 4. Pure: no I/O. Imports the schema and the resource model, never
    `convert_linkerd` or `documents` (import-linter layers).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import ValidationError
 
 from agent.controlplane import kinds_core as k8s
 from agent.controlplane import manifests_schema as schema
+from agent.controlplane import plain
 from agent.controlplane import resources as r
 from agent.controlplane import schema_core as sk8s
+from agent.controlplane.plain import Invalid, Kind
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from agent.controlplane import kinds
 
+__all__ = ["KIND_TABLE", "Invalid", "Kind", "label_selector", "object_ref", "validated"]
 
-class Invalid(Exception):  # noqa: N818 - internal signal, becomes ManifestError
-    """A semantic error found while converting; `field` is a dotted path."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(reason)
-        self.field = field
-        self.reason = reason
+M = TypeVar("M", bound=schema.Doc)
 
 
-@dataclass(frozen=True, slots=True)
-class Kind:
-    """One kind's entry in a `KIND_TABLE`: its model, its converter, the apiVersions served."""
+def _loc(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out
 
-    model: type[schema.Doc]
-    convert: Callable[[Any, dict[str, Any]], kinds.Resource]
-    versions: frozenset[str]  # accepted apiVersion values
-    namespaced: bool = True
+
+def _invalid(exc: ValidationError) -> Invalid:
+    """A pydantic error as `Invalid`: its first location as a dotted field
+    (`spec.ports[0].name`), its message, and how many more."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    reason = str(first["msg"]).removeprefix("Value error, ")
+    if len(errors) > 1:
+        reason += f" (and {len(errors) - 1} more)"
+    return Invalid(_loc(tuple(first["loc"])), reason)
+
+
+def validated(
+    model: type[M],
+    convert: Callable[[M, dict[str, Any]], kinds.Resource],
+    versions: Iterable[str],
+) -> Kind:
+    """The `Kind` of a kind with a pydantic shape: validate the document against
+    `model`, then `convert` it (rule 1); a validation error is an `Invalid`."""
+
+    def read(doc: dict[str, Any], fields: dict[str, Any]) -> kinds.Resource:
+        try:
+            valid = model.model_validate(doc)
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+        return convert(valid, fields)
+
+    return Kind(read, frozenset(versions))
 
 
 # --- shared conversions (also used by convert_linkerd) ----------------------------------
@@ -77,43 +108,7 @@ def object_ref(model: schema.Ref) -> r.ObjectRef:
     )
 
 
-def _containers(models: list[schema.Container]) -> tuple[r.Container, ...]:
-    return tuple(
-        r.Container(
-            name=c.name,
-            image=c.image,
-            ports=tuple(
-                r.ContainerPort(container_port=p.container_port, name=p.name, protocol=p.protocol)
-                for p in c.ports
-            ),
-        )
-        for c in models
-    )
-
-
 # --- core kinds ---------------------------------------------------------------------------
-
-
-def _pod(doc: sk8s.PodDoc, base: dict[str, Any]) -> k8s.Pod:
-    st = doc.status
-    ready = any(c.type == "Ready" and c.status == "True" for c in st.conditions)
-    ips = tuple(p.ip for p in st.pod_ips) or ((st.pod_ip,) if st.pod_ip else ())
-    return k8s.Pod(
-        **base,
-        service_account=doc.spec.service_account_name or doc.spec.service_account or "default",
-        node_name=doc.spec.node_name,
-        hostname=doc.spec.hostname,
-        subdomain=doc.spec.subdomain,
-        host_network=doc.spec.host_network,
-        containers=_containers(doc.spec.containers),
-        status=k8s.PodStatus(
-            phase=k8s.PodPhase(st.phase),
-            pod_ip=st.pod_ip or (ips[0] if ips else ""),
-            pod_ips=ips,
-            host_ip=st.host_ip,
-            ready=ready,
-        ),
-    )
 
 
 def _deployment(doc: sk8s.DeploymentDoc, base: dict[str, Any]) -> k8s.Deployment:
@@ -124,7 +119,7 @@ def _deployment(doc: sk8s.DeploymentDoc, base: dict[str, Any]) -> k8s.Deployment
         raise Invalid("spec.selector", "a Deployment needs a non-empty selector")
     if not selector.matches(labels):
         raise Invalid("spec.selector", "selector does not match template labels")
-    pod = spec.template.spec
+    pod = plain.pod_template(spec.template.spec, "spec.template.spec")
     return k8s.Deployment(
         **base,
         replicas=spec.replicas,
@@ -132,8 +127,8 @@ def _deployment(doc: sk8s.DeploymentDoc, base: dict[str, Any]) -> k8s.Deployment
         template=k8s.PodTemplate(
             labels=labels,
             annotations=r.FrozenMap(spec.template.metadata.annotations),
-            service_account=pod.service_account_name or pod.service_account or "default",
-            containers=_containers(pod.containers),
+            service_account=pod.service_account,
+            containers=pod.containers,
         ),
     )
 
@@ -206,7 +201,7 @@ def _endpoints(doc: sk8s.EndpointsDoc, base: dict[str, Any]) -> k8s.Endpoints:
 def _slice(doc: sk8s.SliceDoc, base: dict[str, Any]) -> k8s.EndpointSlice:
     return k8s.EndpointSlice(
         **base,
-        service_name=doc.metadata.labels.get(r.SERVICE_NAME_LABEL, ""),
+        service_name=base["labels"].get(r.SERVICE_NAME_LABEL, ""),
         address_type=doc.address_type,
         endpoints=tuple(
             k8s.SliceEndpoint(
@@ -227,25 +222,12 @@ def _slice(doc: sk8s.SliceDoc, base: dict[str, Any]) -> k8s.EndpointSlice:
     )
 
 
-def _plain(
-    _doc: schema.Doc, base: dict[str, Any], cls: type[k8s.Namespace | k8s.ServiceAccount]
-) -> Any:
-    return cls(**base)
-
-
 # --- kind table ----------------------------------------------------------------------------
 
 
 KIND_TABLE: dict[str, Kind] = {
-    "Namespace": Kind(
-        schema.Doc, lambda d, b: _plain(d, b, k8s.Namespace), frozenset({"v1"}), namespaced=False
-    ),
-    "ServiceAccount": Kind(
-        schema.Doc, lambda d, b: _plain(d, b, k8s.ServiceAccount), frozenset({"v1"})
-    ),
-    "Pod": Kind(sk8s.PodDoc, _pod, frozenset({"v1"})),
-    "Service": Kind(sk8s.ServiceDoc, _service, frozenset({"v1"})),
-    "Endpoints": Kind(sk8s.EndpointsDoc, _endpoints, frozenset({"v1"})),
-    "EndpointSlice": Kind(sk8s.SliceDoc, _slice, frozenset({"discovery.k8s.io/v1"})),
-    "Deployment": Kind(sk8s.DeploymentDoc, _deployment, frozenset({"apps/v1"})),
+    "Service": validated(sk8s.ServiceDoc, _service, {"v1"}),
+    "Endpoints": validated(sk8s.EndpointsDoc, _endpoints, {"v1"}),
+    "EndpointSlice": validated(sk8s.SliceDoc, _slice, {"discovery.k8s.io/v1"}),
+    "Deployment": validated(sk8s.DeploymentDoc, _deployment, {"apps/v1"}),
 }

@@ -8,7 +8,7 @@ apiVersions of each kind.
 
 Rules (those of `convert_core`, as they apply here):
 1. A converter takes a validated `schema_linkerd` model and the `base` fields
-   `documents` read from its metadata and returns one `kinds_linkerd`
+   `plain.base` read from its metadata and returns one `kinds_linkerd`
    dataclass; no pydantic model is returned.
 2. Checks across several fields raise `convert_core.Invalid(field, reason)`
    with a dotted field path.
@@ -244,30 +244,28 @@ def _http_route(doc: sl5d.HTTPRouteDoc, base: dict[str, Any]) -> l5d.HTTPRoute:
 _POLICY = "policy.linkerd.io/"
 _GATEWAY = "gateway.networking.k8s.io/"
 KIND_TABLE: dict[str, core.Kind] = {
-    "ServiceProfile": core.Kind(
-        sl5d.ProfileDoc, _profile, frozenset({"linkerd.io/v1alpha2", "linkerd.io/v1alpha1"})
+    "ServiceProfile": core.validated(
+        sl5d.ProfileDoc, _profile, {"linkerd.io/v1alpha2", "linkerd.io/v1alpha1"}
     ),
-    "Server": core.Kind(
+    "Server": core.validated(
         sl5d.ServerDoc,
         _server,
-        frozenset(_POLICY + v for v in ("v1beta3", "v1beta2", "v1beta1", "v1alpha1")),
+        (_POLICY + v for v in ("v1beta3", "v1beta2", "v1beta1", "v1alpha1")),
     ),
-    "ServerAuthorization": core.Kind(
-        sl5d.SazDoc, _saz, frozenset(_POLICY + v for v in ("v1beta1", "v1alpha1"))
+    "ServerAuthorization": core.validated(
+        sl5d.SazDoc, _saz, (_POLICY + v for v in ("v1beta1", "v1alpha1"))
     ),
-    "AuthorizationPolicy": core.Kind(sl5d.AuthzDoc, _authz, frozenset({_POLICY + "v1alpha1"})),
-    "MeshTLSAuthentication": core.Kind(
-        sl5d.MeshTLSAuthDoc, _meshtls_authn, frozenset({_POLICY + "v1alpha1"})
+    "AuthorizationPolicy": core.validated(sl5d.AuthzDoc, _authz, {_POLICY + "v1alpha1"}),
+    "MeshTLSAuthentication": core.validated(
+        sl5d.MeshTLSAuthDoc, _meshtls_authn, {_POLICY + "v1alpha1"}
     ),
-    "NetworkAuthentication": core.Kind(
-        sl5d.NetworkAuthDoc, _network_authn, frozenset({_POLICY + "v1alpha1"})
+    "NetworkAuthentication": core.validated(
+        sl5d.NetworkAuthDoc, _network_authn, {_POLICY + "v1alpha1"}
     ),
-    "HTTPRoute": core.Kind(
+    "HTTPRoute": core.validated(
         sl5d.HTTPRouteDoc,
         _http_route,
-        frozenset(
-            [_POLICY + v for v in ("v1beta3", "v1beta2", "v1beta1", "v1alpha1")]
-            + [_GATEWAY + v for v in ("v1", "v1beta1", "v1alpha2")]
-        ),
+        [_POLICY + v for v in ("v1beta3", "v1beta2", "v1beta1", "v1alpha1")]
+        + [_GATEWAY + v for v in ("v1", "v1beta1", "v1alpha2")],
     ),
 }

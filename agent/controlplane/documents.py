@@ -1,11 +1,13 @@
 """Manifest text -> typed objects and located errors: documents, YAML, kind dispatch.
 
-`parse_text(text, file=)` splits a manifest text at its `---` markers
-(`split_documents`), loads each document with `yaml.safe_load_all`, finds its
-kind in the converters' tables (`convert_core.KIND_TABLE`,
-`convert_linkerd.KIND_TABLE`), checks the apiVersion, validates the document
-against the kind's pydantic model and converts it. Every failure becomes a
-`ManifestError` naming file, document index, kind/name and field.
+`parse_text(text, file=, only=)` splits a manifest text at its `---`
+markers (`split_documents`), loads each document with `yaml.safe_load_all`,
+finds its kind in the kind tables (`plain.KIND_TABLE`, then
+`convert_core.KIND_TABLE` and `convert_linkerd.KIND_TABLE`), checks the
+apiVersion, reads the metadata (`plain.base`) and the document (the kind's
+`read`). Every failure becomes a `ManifestError` naming file, document index,
+kind/name and field. `only` keeps just the documents of those kinds, and
+skips the others unread: the supervisor reads Pods and Namespaces this way.
 
 Rules:
 1. A bad document rejects only itself. A text is split at its `---` markers
@@ -13,57 +15,52 @@ Rules:
 2. Document indexes are 0-based and count every document, empty ones too,
    as `yaml.safe_load_all` would. `kind: List` items keep their List's index
    and carry `items[i].` in front of their field.
-3. YAML and pydantic errors are mapped here, once: a YAML error names its
-   line and column in the file; a pydantic error its first location as a
-   dotted field (`spec.ports[0].name`), its message, and how many more.
-4. Pure: no file I/O (`manifests` reads the files); cross-document checks
+3. Errors are mapped here, once: a YAML error names its line and column in
+   the file; a kind's `Invalid` its dotted field (`spec.ports[0].name`) and
+   reason (`convert_core.validated` makes pydantic's errors `Invalid`s).
+4. pydantic loads with the first document of a kind `plain` does not read
+   (`_kind`): parsing only `plain`'s kinds never imports it.
+5. Pure: no file I/O (`manifests` reads the files); cross-document checks
    are `manifests.check_references`'s.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import yaml
-from pydantic import ValidationError
 
-from agent.controlplane import convert_core, convert_linkerd, kinds
+from agent.controlplane import kinds, plain
 from agent.controlplane import resources as r
-from agent.controlplane.convert_core import Invalid, Kind
+from agent.controlplane.plain import Invalid, Kind
 from agent.errors import ManifestError
 
 if TYPE_CHECKING:
-    from agent.controlplane import manifests_schema as schema
+    from collections.abc import Collection
 
 Loaded: TypeAlias = tuple[list[kinds.Resource], list[ManifestError]]
-
-_KINDS: dict[str, Kind] = {**convert_core.KIND_TABLE, **convert_linkerd.KIND_TABLE}
 
 
 # --- documents ----------------------------------------------------------------------------
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else part
-    return out
+@functools.cache
+def _validated_kinds() -> dict[str, Kind]:
+    """The kinds with pydantic shapes, imported on first use (rule 4)."""
+    from agent.controlplane import convert_core, convert_linkerd  # noqa: PLC0415 - rule 4
+
+    return {**convert_core.KIND_TABLE, **convert_linkerd.KIND_TABLE}
 
 
-def _pydantic_error(exc: ValidationError) -> tuple[str, str]:
-    errors = exc.errors(include_url=False)
-    first = errors[0]
-    reason = str(first["msg"]).removeprefix("Value error, ")
-    if len(errors) > 1:
-        reason += f" (and {len(errors) - 1} more)"
-    return _loc(tuple(first["loc"])), reason
+def _kind(name: str) -> Kind | None:
+    return plain.KIND_TABLE.get(name) or _validated_kinds().get(name)
 
 
-def _parse_document(doc: Any, file: str, index: int, prefix: str = "") -> Loaded:  # noqa: PLR0911
+def _parse_document(  # noqa: PLR0911
+    doc: Any, file: str, index: int, prefix: str = "", only: Collection[str] | None = None
+) -> Loaded:
     """One YAML document (or List item) -> objects and errors; never raises."""
 
     def fail(reason: str, field: str = "", kind: str = "", name: str = "") -> Loaded:
@@ -83,25 +80,26 @@ def _parse_document(doc: Any, file: str, index: int, prefix: str = "") -> Loaded
     if not isinstance(kind, str) or not kind:
         return fail("kind is missing", "kind", name=name)
     if kind == "List" or (kind.endswith("List") and isinstance(doc.get("items"), list)):
-        return _parse_list(doc, file, index, prefix)
-    spec = _KINDS.get(kind)
+        return _parse_list(doc, file, index, prefix, only)
+    if only is not None and kind not in only:
+        return [], []
+    spec = _kind(kind)
     if spec is None:
         return fail(f"unknown kind {kind!r}", "kind", kind, name)
     if not isinstance(api, str) or api not in spec.versions:
         served = ", ".join(sorted(spec.versions))
         return fail(f"apiVersion {api!r} is not one of {served}", "apiVersion", kind, name)
     try:
-        model = spec.model.model_validate(doc)
-        obj = spec.convert(model, _base(model.metadata, spec, file, index))
-    except ValidationError as exc:
-        field, reason = _pydantic_error(exc)
-        return fail(reason, field, kind, name)
+        source = r.Source(file=file, index=index)
+        obj = spec.read(doc, plain.base(doc, namespaced=spec.namespaced, source=source))
     except Invalid as exc:
         return fail(exc.reason, exc.field, kind, name)
     return [obj], []
 
 
-def _parse_list(doc: dict[str, Any], file: str, index: int, prefix: str) -> Loaded:
+def _parse_list(
+    doc: dict[str, Any], file: str, index: int, prefix: str, only: Collection[str] | None
+) -> Loaded:
     items = doc.get("items")
     if not isinstance(items, list):
         err = ManifestError(
@@ -115,21 +113,10 @@ def _parse_list(doc: dict[str, Any], file: str, index: int, prefix: str) -> Load
     objects: list[kinds.Resource] = []
     errors: list[ManifestError] = []
     for i, item in enumerate(items):
-        objs, errs = _parse_document(item, file, index, f"{prefix}items[{i}].")
+        objs, errs = _parse_document(item, file, index, f"{prefix}items[{i}].", only)
         objects += objs
         errors += errs
     return objects, errors
-
-
-def _base(meta: schema.Meta, spec: Kind, file: str, index: int) -> dict[str, Any]:
-    return {
-        "name": meta.name,
-        "namespace": (meta.namespace or "default") if spec.namespaced else "",
-        "uid": meta.uid,
-        "labels": r.FrozenMap(meta.labels),
-        "annotations": r.FrozenMap(meta.annotations),
-        "source": r.Source(file=file, index=index),
-    }
 
 
 _MARKER = re.compile(r"^---(?:[ \t]|$)")
@@ -163,8 +150,9 @@ def _yaml_reason(exc: yaml.YAMLError, first_line: int) -> str:
     return f"invalid YAML: {problem}"
 
 
-def parse_text(text: str, *, file: str = "<text>") -> Loaded:
-    """Every document of a manifest text -> (objects, errors). Never raises."""
+def parse_text(text: str, *, file: str = "<text>", only: Collection[str] | None = None) -> Loaded:
+    """Every document of a manifest text (of the kinds in `only`, if given) ->
+    (objects, errors). Never raises."""
     objects: list[kinds.Resource] = []
     errors: list[ManifestError] = []
     for index, (first_line, chunk) in enumerate(split_documents(text)):
@@ -176,7 +164,7 @@ def parse_text(text: str, *, file: str = "<text>") -> Loaded:
             )
             continue
         for doc in docs:  # one, or none for an empty chunk
-            objs, errs = _parse_document(doc, file, index)
+            objs, errs = _parse_document(doc, file, index, only=only)
             objects += objs
             errors += errs
     return objects, errors

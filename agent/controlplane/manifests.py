@@ -44,7 +44,7 @@ from agent.controlplane.documents import Loaded, parse_text, split_documents
 from agent.errors import ManifestError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Collection, Iterable
 
 __all__ = [
     "MANIFEST_SUFFIXES",
@@ -63,13 +63,14 @@ MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 # --- files --------------------------------------------------------------------------------
 
 
-def load_file(path: str | Path) -> Loaded:
-    """Read and parse one manifest file; an unreadable file is one error at index 0."""
+def load_file(path: str | Path, *, only: Collection[str] | None = None) -> Loaded:
+    """Read and parse one manifest file (its documents of the kinds in `only`, if
+    given); an unreadable file is one error at index 0."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return [], [ManifestError(file=str(path), index=0, reason=f"cannot read: {exc}")]
-    return parse_text(text, file=str(path))
+    return parse_text(text, file=str(path), only=only)
 
 
 def manifest_files(directory: str | Path) -> list[Path]:

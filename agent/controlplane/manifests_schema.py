@@ -2,19 +2,21 @@
 
 The schema of the manifest loader, split as the resource model is: this base
 holds the value validators and types (IP, port, duration, CIDR, regex), the
-`Model` every shape derives from, metadata, selectors, object refs,
-containers, networks and `Doc` (a document with metadata); `schema_core`
-(v1, apps/v1, discovery.k8s.io/v1) and `schema_linkerd` (linkerd.io,
-policy.linkerd.io, HTTPRoute) hold one `*Doc` per kind. `convert_core` and
-`convert_linkerd` turn a validated `*Doc` into a `kinds_core`/`kinds_linkerd`
-dataclass; `documents` turns validation errors into `ManifestError`s.
+`Model` every shape derives from, selectors, object refs, networks and
+`Doc` (a document's body); `schema_core` (v1 Service and Endpoints, apps/v1,
+discovery.k8s.io/v1) and `schema_linkerd` (linkerd.io, policy.linkerd.io,
+HTTPRoute) hold one `*Doc` per kind. `convert_core` and `convert_linkerd` turn
+a validated `*Doc` into a `kinds_core`/`kinds_linkerd` dataclass and its
+validation errors into `plain.Invalid`s. Metadata, Namespace, ServiceAccount,
+Pod and a pod template's spec have no shapes here: `plain` reads them by hand,
+so that the supervisor reads its pods without pydantic.
 
 Rules:
 1. Only the manifest loader (`documents`, `convert_core`, `convert_linkerd`)
    imports the schema modules; no model leaves it.
 2. Field validators raise `ValueError` (pydantic locates it in the document);
    checks that need several fields or the whole object live in the converters,
-   which raise `convert_core.Invalid` with a dotted field path.
+   which raise `plain.Invalid` with a dotted field path.
 3. Fields use snake_case names with camelCase aliases, like the YAML; unknown
    fields are ignored and `key:` with no value means unset, as in Kubernetes.
 4. Shapes only, no meaning: this base imports neither `schema_core` nor
@@ -23,27 +25,16 @@ Rules:
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from agent.controlplane import kinds_linkerd as l5d
 from agent.controlplane import resources as r
+from agent.controlplane.plain import check_ip
 
 # --- value validators (raise ValueError; pydantic locates them) ----------------
-
-
-def check_ip(value: str) -> str:
-    """`value` if empty or an IP address; raises `ValueError` otherwise."""
-    if value:
-        try:
-            ipaddress.ip_address(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not an IP address") from None
-    return value
 
 
 def _port_value(value: Any) -> int | str:
@@ -109,27 +100,6 @@ class Model(BaseModel):
 # --- shared models ----------------------------------------------------------------
 
 
-class Meta(Model):
-    name: str = Field(min_length=1)
-    namespace: str = ""
-    uid: str = ""
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-
-    @field_validator("annotations")
-    @classmethod
-    def _known_annotations(cls, value: dict[str, str]) -> dict[str, str]:
-        if (ports := value.get(r.OPAQUE_PORTS_ANNOTATION)) is not None:
-            try:
-                r.parse_port_list(ports)
-            except ValueError as exc:
-                raise ValueError(f"{r.OPAQUE_PORTS_ANNOTATION}: {exc}") from None
-        policy = value.get(r.DEFAULT_INBOUND_POLICY_ANNOTATION)
-        if policy is not None and policy not in {p.value for p in l5d.AccessPolicy}:
-            raise ValueError(f"{r.DEFAULT_INBOUND_POLICY_ANNOTATION}: unknown policy {policy!r}")
-        return value
-
-
 class Requirement(Model):
     key: str
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
@@ -156,23 +126,6 @@ class Ref(Model):
     group: str = ""
 
 
-class ContainerPort(Model):
-    container_port: Port
-    name: str = ""
-    protocol: Protocol = "TCP"
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return r.check_port_name(value) if value else value
-
-
-class Container(Model):
-    name: str
-    image: str = ""
-    ports: list[ContainerPort] = []
-
-
 class Network(Model):
     cidr: Cidr
     except_: list[Cidr] = Field([], alias="except")
@@ -182,4 +135,4 @@ class Network(Model):
 
 
 class Doc(Model):
-    metadata: Meta
+    """A document's body; its metadata is read by `plain.base`, for every kind alike."""

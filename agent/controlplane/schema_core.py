@@ -1,9 +1,10 @@
 """pydantic shapes of the core manifest documents: v1, apps/v1 and discovery.k8s.io/v1.
 
-Namespace and ServiceAccount need no more than `manifests_schema.Doc`; this
-module holds `PodDoc`, `DeploymentDoc`, `ServiceDoc`, `EndpointsDoc` and
-`SliceDoc` with their parts, as Kubernetes names and defaults them.
-`convert_core` turns each into its `kinds_core` dataclass.
+This module holds `DeploymentDoc`, `ServiceDoc`, `EndpointsDoc` and
+`SliceDoc` with their parts, as Kubernetes names and defaults them;
+`convert_core` turns each into its `kinds_core` dataclass. Namespace,
+ServiceAccount, Pod and a Deployment's pod template spec are read by hand
+(`plain`), without pydantic.
 
 Rules (those of `manifests_schema`, as they apply here):
 1. Only the manifest loader imports this module; no model leaves it.
@@ -14,13 +15,12 @@ Rules (those of `manifests_schema`, as they apply here):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from agent.controlplane.manifests_schema import (
     IP,
-    Container,
     Doc,
     Model,
     Port,
@@ -28,43 +28,8 @@ from agent.controlplane.manifests_schema import (
     Protocol,
     Ref,
     Selector,
-    check_ip,
 )
-
-# --- Pod ------------------------------------------------------------------------------
-
-
-class PodSpec(Model):
-    service_account_name: str = ""
-    service_account: str = ""  # deprecated alias Kubernetes still reads
-    node_name: str = ""
-    hostname: str = ""
-    subdomain: str = ""
-    host_network: bool = False
-    containers: list[Container] = Field(min_length=1)
-
-
-class Condition(Model):
-    type: str
-    status: str
-
-
-class PodIP(Model):
-    ip: IP
-
-
-class PodStatus(Model):
-    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"] = "Pending"
-    pod_ip: IP = Field("", alias="podIP")
-    pod_ips: list[PodIP] = Field([], alias="podIPs")
-    host_ip: IP = Field("", alias="hostIP")
-    conditions: list[Condition] = []
-
-
-class PodDoc(Doc):
-    spec: PodSpec
-    status: PodStatus = PodStatus()
-
+from agent.controlplane.plain import check_ip
 
 # --- Deployment ---------------------------------------------------------------------
 
@@ -76,7 +41,7 @@ class TemplateMeta(Model):
 
 class Template(Model):
     metadata: TemplateMeta = TemplateMeta()
-    spec: PodSpec
+    spec: Any = None  # a pod spec: `plain.pod_template` reads it, as it reads a Pod's
 
 
 class DeploymentSpec(Model):

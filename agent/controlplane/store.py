@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
@@ -277,12 +277,21 @@ class FolderWatcher:
       `interval` seconds, so a change shows within 1 s with the default 0.2.
     Subfolders are watched before each scan, so a file written into a new
     subfolder is either seen by that scan or wakes the next one.
+    `only` mirrors just the documents of those kinds (`documents.parse_text`).
     """
 
-    def __init__(self, directory: str | Path, store: ResourceStore, interval: float = 0.2) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        store: ResourceStore,
+        interval: float = 0.2,
+        *,
+        only: Collection[str] | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.store = store
         self.interval = interval
+        self.only = only
         self._seen: dict[str, Signature] = {}
         self._scan_lock = threading.Lock()
         self._stop = threading.Event()
@@ -297,7 +306,7 @@ class FolderWatcher:
             changes: dict[str, FileLoad | None] = {}
             for path, sig in current.items():
                 if self._seen.get(path) != sig:
-                    objects, errors = load_file(path)
+                    objects, errors = load_file(path, only=self.only)
                     changes[path] = FileLoad(objects=tuple(objects), errors=tuple(errors))
             for path in self._seen.keys() - current.keys():
                 changes[path] = None

@@ -17,6 +17,9 @@ Rules:
 1. `pods_of(snapshot, node)` is pure: a store snapshot in, a set out.
 2. Two snapshots with the same desired set yield once (no churn for
    unrelated manifest changes such as a Service edit).
+3. Watching the folder itself, the source reads only Pods and Namespaces
+   (`KINDS`): the supervisor never imports pydantic (about 19 MB of RSS) and
+   leaves the other kinds' errors to the control plane, which reads them all.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Desired = frozenset[PodSpec]
+
+# What `pods_of` reads. Watching the folder itself, the source loads only these,
+# whose reader (`agent.controlplane.plain`) needs no pydantic (rule 3).
+KINDS = frozenset({"Pod", "Namespace"})
 
 
 class PodSource(Protocol):
@@ -100,7 +107,9 @@ class ManifestPodSource:
         self._own = store is None
         self.store = store if store is not None else ResourceStore()
         self._watcher = (
-            FolderWatcher(self.directory, self.store, poll_interval) if self._own else None
+            FolderWatcher(self.directory, self.store, poll_interval, only=KINDS)
+            if self._own
+            else None
         )
         self._started = False
 

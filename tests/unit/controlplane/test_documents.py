@@ -75,6 +75,36 @@ items:
     assert (errors[0].index, errors[0].field, errors[0].kind) == (0, "items[1].kind", "Gizmo")
 
 
+def test_only_keeps_the_named_kinds_and_skips_the_others_unread():
+    text = """\
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: broken}
+spec: {ports: [{port: 0}]}
+---
+apiVersion: v1
+kind: Gizmo
+metadata: {name: g}
+---
+apiVersion: v1
+kind: List
+items:
+  - {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: {containers: [{name: c}]}}
+  - {apiVersion: v1, kind: Pod, metadata: {name: q}, spec: {containers: []}}
+  - {apiVersion: v1, kind: ConfigMap, metadata: {name: cm}}
+"""
+    objects, errors = parse_text(text, file="f.yaml", only={"Pod", "Namespace"})
+    assert [(type(o).__name__, o.name) for o in objects] == [("Namespace", "shop"), ("Pod", "p")]
+    # the bad Service and the unknown kinds are not this reader's to report; the bad Pod is
+    assert [(e.index, e.field) for e in errors] == [(3, "items[1].spec.containers")]
+    _, unfiltered = parse_text(text, file="f.yaml")
+    assert [e.kind for e in unfiltered] == ["Service", "Gizmo", "Pod", "ConfigMap"]
+
+
 # --- fuzz: the parser never raises ------------------------------------------------------
 
 

@@ -131,8 +131,15 @@ BAD_CASES = [
     pytest.param(
         "apiVersion: v1\nkind: Pod\nmetadata: {namespace: shop}\nspec: {containers: [{name: c}]}\n",
         ("Pod", "", "metadata.name"),
-        "Field required",
+        "required",
         id="missing-name",
+    ),
+    pytest.param(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: shop, labels: {tier: 2}}\n"
+        "spec: {selector: {app: a}, ports: [{port: 80}]}\n",
+        ("Service", "s", "metadata.labels.tier"),
+        "expected a string, not int",
+        id="label-not-a-string",
     ),
     pytest.param(
         "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: shop}\n"
