@@ -41,7 +41,7 @@ from agent import config
 from agent.netlab import port_open
 from agent.redirect import netns
 from agent.sandbox import cluster
-from agent.sandbox.state import SANDBOX_DIR, SandboxError, State, spawn
+from agent.sandbox.state import SANDBOX_DIR, SandboxError, State, logs_dir, spawn
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -217,7 +217,7 @@ def start_app(state: State, pod: cluster.PodPlan, lp: LabPod) -> None:
         _app_argv(pod),
         role="app",
         name=pod.key,
-        log=SANDBOX_DIR / "logs" / f"app-{pod.namespace}-{pod.name}.log",
+        log=logs_dir() / f"app-{pod.namespace}-{pod.name}.log",
         netns_argv=["ip", "netns", "exec", lp.netns_name],
         cgroup=lp.cgroup,
         env={
@@ -249,7 +249,7 @@ def start_controlplane(state: State, manifests_dir: Path, identity: Path) -> Non
         argv,
         role="controlplane",
         name="controlplane",
-        log=SANDBOX_DIR / "logs" / "controlplane.log",
+        log=logs_dir() / "controlplane.log",
     )
     state.data["controlplane"] = {
         "ports": dict(zip(("destination", "identity", "policy"), CONTROLPLANE_PORTS, strict=True))
@@ -288,7 +288,7 @@ def start_agent(
         argv,
         role="agent",
         name=node["name"],
-        log=SANDBOX_DIR / "logs" / f"agent-{node['name']}.log",
+        log=logs_dir() / f"agent-{node['name']}.log",
         netns_argv=netns.exec_argv(netns.named_path(node["netns"])),
         env=env,
     )
@@ -342,7 +342,7 @@ def wait_ready(state: State, deadline: float, say: Callable[[str], None]) -> Non
     Raises:
         SandboxError: something was not ready by `deadline`; the hint names its log.
     """
-    logs = SANDBOX_DIR / "logs"
+    logs = logs_dir()
     _wait(
         "control plane",
         lambda: all(port_open("127.0.0.1", p) for p in CONTROLPLANE_PORTS),

@@ -54,9 +54,11 @@ from agent.sandbox.state import (
     forget,
     kill_recorded,
     load_state,
+    logs_dir,
     ours,
     release_agent_netns,
     rm_cgroup,
+    rotate_logs,
     spawn,
     uninstall_bpf,
 )
@@ -224,6 +226,7 @@ def up(opts: UpOptions) -> dict[str, Any]:
     objects, errors = manifests.load_folder(opts.manifests)
     for err in errors:
         say(f"manifests: skipped {err}")
+    rotate_logs()
     state = State(
         {
             "phase": "building",
@@ -399,7 +402,10 @@ def hints(info: dict[str, Any]) -> str:
         lines += [
             f"  curl {a['admin_url']}/metrics   # agent on {a['node']}" for a in info["agents"]
         ]
-    lines.append(f"  logs: {SANDBOX_DIR / 'logs'}/   generated manifests: {info.get('generated')}")
+    lines.append(
+        f"  logs: {logs_dir()}/ (the last sandbox's: logs.previous/)"
+        f"   generated manifests: {info.get('generated')}"
+    )
     lines.append("  meshagent sandbox down")
     return "\n".join(lines)
 
@@ -463,7 +469,7 @@ def _spawn_client(data: dict[str, Any], argv: list[str], pod: dict[str, Any]) ->
         argv,
         role="driver",
         name=f"{pod['namespace']}/{pod['name']}",
-        log=SANDBOX_DIR / "logs" / f"driver-{pod['namespace']}-{pod['name']}.log",
+        log=logs_dir() / f"driver-{pod['namespace']}-{pod['name']}.log",
         netns_argv=["ip", "netns", "exec", pod["netns"]],
         cgroup=Path(pod["cgroup"]) if pod.get("cgroup") else None,
     )

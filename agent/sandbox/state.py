@@ -18,6 +18,9 @@ Rules:
    is never killed.
 4. Removing goes on past a failure and returns it as a line, so that `down`
    removes all it can; only `rm_cgroup` raises (`OSError`: still busy after 5 s).
+5. Each sandbox's logs start empty (`rotate_logs`, before `up` builds): the last
+   sandbox's move to `logs.previous/`, so a failed run can still be read after
+   the next `up`, and one run's lines never sit above another's.
 """
 
 from __future__ import annotations
@@ -54,6 +57,31 @@ class SandboxError(AgentError):
 
 
 # --- state -------------------------------------------------------------------------
+
+
+def logs_dir() -> Path:
+    """Where the sandbox's processes log, one file each."""
+    return SANDBOX_DIR / "logs"
+
+
+def rotate_logs() -> None:
+    """Move the last sandbox's logs to `logs.previous/`, replacing older ones (rule 5).
+
+    Raises:
+        SandboxError: they could not be moved.
+    """
+    logs = logs_dir()
+    previous = logs.with_name("logs.previous")
+    if not logs.exists():
+        return
+    try:
+        if previous.exists():
+            shutil.rmtree(previous)
+        logs.rename(previous)
+    except OSError as exc:
+        raise SandboxError(
+            str(logs), f"cannot move the last sandbox's logs aside: {exc}", f"remove {logs}"
+        ) from exc
 
 
 def load_state() -> dict[str, Any] | None:

@@ -72,3 +72,26 @@ def test_a_record_that_is_not_one_is_an_error_naming_the_file(recorded, text):
         state.load_state()
     assert str(state.STATE_FILE) in str(err.value)
     assert state.STATE_FILE.read_text() == text  # left for the user to look at
+
+
+def test_each_sandbox_logs_afresh_and_keeps_the_last_ones_logs(recorded):
+    logs = state.logs_dir()
+    assert logs == state.SANDBOX_DIR / "logs"
+    state.rotate_logs()  # nothing logged yet: nothing to move
+    assert not logs.exists()
+    for run in ("first", "second"):
+        proc = state.spawn(recorded, ["echo", run], role="app", name="a", log=logs / "a.log")
+        proc.wait()
+        state.rotate_logs()
+        assert not logs.exists()
+        assert (logs.with_name("logs.previous") / "a.log").read_text() == f"{run}\n"
+
+
+def test_logs_that_cannot_be_moved_aside_are_an_error_naming_them(recorded):
+    logs = state.logs_dir()
+    logs.mkdir()
+    logs.with_name("logs.previous").write_text("a file where the folder goes")
+    with pytest.raises(SandboxError) as err:
+        state.rotate_logs()
+    assert str(logs) in str(err.value)
+    assert logs.is_dir()  # left as it was
