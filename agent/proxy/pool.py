@@ -30,16 +30,18 @@ Rules:
    each listener group. With `WorkerOptions.pin` too, slot i's worker, and each
    replacement of it, pins itself to that CPU (`--cpu`). With `steer` off, there is
    no program (the kernel's hash spreads connections) and only the pinning is left.
-8. `start` fails (`PoolError`) as soon as a worker exits before it was ready (a plugin
-   that does not load, a bad build): a worker that cannot start would only die again,
-   so the agent stops with the reason instead of waiting out `READY_S`. After `start`,
-   a worker that dies is replaced (rule 3).
+8. `start` fails (`PoolError`) as soon as a slot's worker has exited `START_TRIES` times
+   before it was ready (a plugin that does not load, a bad build): a worker that cannot
+   start would only die again, so the agent stops with the reason instead of waiting
+   out `READY_S`. A worker that dies once while starting (the OOM killer, a stray
+   signal) is replaced, as after `start` (rule 3), and the start goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import shlex
@@ -48,7 +50,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +63,7 @@ H2_UPGRADE_MODES = ("auto", "on", "off")  # `--h2-upgrade` (agent.proxy.h1toh2 r
 H2_LANES = 4  # h2 connections per meshed endpoint per worker, with several workers (h2pool rule 2)
 WRAP_ENV = "MESHAGENT_WORKER_WRAP"  # rule 6
 READY_S = 10.0  # `start`: a worker says Ready within this
+START_TRIES = 2  # rule 8: a slot's worker may die this many times less one while starting
 WRAPPED_READY_S = 600.0  # rule 6: callgrind starts a worker about 40 s slower
 
 
@@ -238,9 +241,9 @@ class WorkerPool:
         """Start the N workers and wait until each has said `Ready` (rule 8).
 
         Raises:
-            PoolError: a worker exited before it was ready, or some worker was not
-                ready within `ready_timeout` (default `READY_S`, or `WRAPPED_READY_S`
-                for wrapped workers: rule 6).
+            PoolError: a slot's worker exited `START_TRIES` times before it was ready,
+                or some worker was not ready within `ready_timeout` (default `READY_S`,
+                or `WRAPPED_READY_S` for wrapped workers: rule 6).
             OSError: a worker process could not be started.
         """
         for worker_id in range(self.n):
@@ -257,16 +260,18 @@ class WorkerPool:
 
         Raises:
             TimeoutError: not within `timeout`.
-            PoolError: with `fail_on_exit`, a worker exited meanwhile.
+            PoolError: with `fail_on_exit`, a slot's worker exited `START_TRIES` times
+                meanwhile (rule 8).
         """
         seen = len(self.exits)
         async with asyncio.timeout(timeout):
             while True:
-                if fail_on_exit and len(self.exits) > seen:
-                    dead = self.exits[seen]
+                if fail_on_exit and (
+                    dead := self._failed_start(itertools.islice(self.exits, seen, None))
+                ):
                     raise PoolError(
                         f"proxy worker {dead.worker_id} exited with status {dead.status} "
-                        "before it was ready (its error is logged above)"
+                        f"before it was ready, {START_TRIES} times (its error is logged above)"
                     )
                 procs = list(self._procs.values())
                 if len(procs) == self.n and all(p.ready.done() for p in procs):
@@ -276,6 +281,16 @@ class WorkerPool:
                     await asyncio.wait(waits)
                 else:  # a slot is between a death and its respawn
                     await asyncio.sleep(0.02)
+
+    @staticmethod
+    def _failed_start(exits: Iterable[ExitRecord]) -> ExitRecord | None:
+        """The last exit of a slot that has died `START_TRIES` times among `exits` (rule 8)."""
+        deaths: dict[int, int] = {}
+        for record in exits:
+            deaths[record.worker_id] = deaths.get(record.worker_id, 0) + 1
+            if deaths[record.worker_id] >= START_TRIES:
+                return record
+        return None
 
     async def drain(self, grace: float) -> dict[int, int]:
         """Drain every worker (`Drain(grace)`), wait for them to exit, kill stragglers.

@@ -190,13 +190,39 @@ async def test_a_worker_that_cannot_start_fails_the_start_at_once(tmp_path):
     pool = WorkerPool(2, options=WorkerOptions(plugins=(str(plugin),), grace_s=1.0))
     started = time.monotonic()
     try:
-        with pytest.raises(PoolError, match="exited with status 1 before it was ready"):
+        with pytest.raises(PoolError, match="exited with status 1 before it was ready, 2 times"):
             await pool.start(ready_timeout=30)
         assert time.monotonic() - started < 10
     finally:
         await pool.close()
     assert pool.pids == []
     assert all(record.status == 1 for record in pool.exits)
+
+
+async def test_a_worker_that_dies_once_while_starting_is_replaced_and_the_start_goes_on(
+    tmp_path,
+):
+    """Pool rule 8: one death while starting (here the first worker to load the plugin
+    exits, as one the OOM killer took would) costs a replacement, not the agent."""
+    marker = tmp_path / "died-once"
+    plugin = tmp_path / "first_dies.py"
+    plugin.write_text(
+        "import os, pathlib\n"
+        f"marker = pathlib.Path({str(marker)!r})\n"
+        "if not marker.exists():\n"
+        "    marker.write_text(str(os.getpid()))\n"
+        "    os._exit(3)\n"
+    )
+    pool = WorkerPool(2, options=WorkerOptions(plugins=(str(plugin),), grace_s=1.0))
+    try:
+        await pool.start(ready_timeout=30)
+        assert [record.status for record in pool.exits] == [3]
+        assert pool.exits[0].pid == int(marker.read_text())
+        assert len(pool.pids) == 2
+        assert pool.exits[0].pid not in pool.pids
+    finally:
+        await pool.close()
+    assert pool.pids == []
 
 
 async def test_both_workers_accept_and_relay_to_the_echo_server(
