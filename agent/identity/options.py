@@ -11,13 +11,15 @@ from datetime import timedelta
 from agent.config import Option, parse_seconds
 from agent.identity.names import DEFAULT_TRUST_DOMAIN, check_subdomain
 
+MIN_LIFETIME = timedelta(minutes=1)  # shorter, a trust anchor or issuer expires unused
+
 
 def parse_lifetime(raw: str) -> timedelta:
-    """A positive duration: `87600h`, `24h`, `90m`, `3600`."""
-    seconds = parse_seconds(raw)
-    if seconds <= 0:
-        raise ValueError("lifetime must be positive")
-    return timedelta(seconds=seconds)
+    """A duration of at least `MIN_LIFETIME`: `87600h`, `24h`, `90m`, `3600`."""
+    lifetime = timedelta(seconds=parse_seconds(raw))
+    if lifetime < MIN_LIFETIME:
+        raise ValueError(f"lifetime must be at least 1m: {raw!r} would expire before it is used")
+    return lifetime
 
 
 def parse_trust_domain(raw: str) -> str:
