@@ -153,6 +153,8 @@ def _str_map(parent: dict[str, Any], key: str, path: str) -> dict[str, str]:
     where = _at(path, key)
     out = mapping(parent.get(key), where)
     for name, value in out.items():
+        if not isinstance(name, str):
+            raise Invalid(where, f"a key must be a string, not {_type_name(name)} ({name!r})")
         if not isinstance(value, str):
             raise Invalid(_at(where, str(name)), f"expected a string, not {_type_name(value)}")
     return out

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.controlplane import kinds_core as k8s
 from agent.controlplane import plain
@@ -197,6 +199,13 @@ def test_null_means_unset_as_kubernetes_reads_it():
             id="annotation-value-not-a-string",
         ),
         pytest.param(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, labels: {1: a}}\n"
+            "spec: {containers: [{name: c}]}\n",
+            "metadata.labels",
+            "a key must be a string, not int (1)",
+            id="label-key-not-a-string",
+        ),
+        pytest.param(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n  annotations:\n"
             "    config.linkerd.io/default-inbound-policy: everyone\n",
             "metadata.annotations",
@@ -258,3 +267,42 @@ def test_check_ip_takes_empty_and_addresses_and_refuses_the_rest():
     assert plain.check_ip("fd00::1") == "fd00::1"
     with pytest.raises(ValueError, match="is not an IP address"):
         plain.check_ip("10.0.0")
+
+
+ANY = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+FIELDS = {
+    "metadata": ["name", "namespace", "uid", "labels", "annotations"],
+    "spec": ["containers", "nodeName", "hostNetwork", "serviceAccountName"],
+    "status": ["phase", "podIP", "podIPs", "hostIP", "conditions"],
+}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    part=st.sampled_from(sorted(FIELDS)),
+    values=st.data(),
+)
+def test_any_value_in_any_pod_field_reads_or_is_located_in_that_part(part, values):
+    """Every field of a valid pod replaced by any shape: a Pod, or an `Invalid` whose
+    path is in the part that was changed; never another exception."""
+    doc: dict[str, Any] = yaml.safe_load(
+        POD + "spec: {containers: [{name: c, ports: [{containerPort: 80}]}]}\n"
+        "status: {phase: Running, podIP: 10.0.0.1}\n"
+    )
+    key = values.draw(st.sampled_from(FIELDS[part]))
+    doc[part][key] = values.draw(ANY)
+    try:
+        pod = plain.KIND_TABLE["Pod"].read(doc, plain.base(doc, namespaced=True, source=SOURCE))
+    except plain.Invalid as exc:
+        where, reason = exc.field, exc.reason
+    else:
+        assert isinstance(pod, k8s.Pod)
+        return
+    assert where.startswith(part), (where, part)
+    assert reason
