@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.controlplane import kinds_core as k8s
 from agent.controlplane import kinds_linkerd as l5d
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from agent.controlplane import kinds
+
+T = TypeVar("T")
 
 
 class Invalid(Exception):  # noqa: N818 - internal signal, becomes ManifestError
@@ -92,32 +94,31 @@ def _list(parent: dict[str, Any], key: str, path: str) -> list[Any]:
     return value
 
 
-def _str(parent: dict[str, Any], key: str, path: str, *, required: bool = False) -> str:
+def _typed(parent: dict[str, Any], key: str, path: str, kind: type[T], what: str) -> T | None:
+    """`parent[key]` if it is a `kind` (a boolean is no integer), None when unset."""
     value = parent.get(key)
-    if value is None or (required and value == ""):
-        if required:
-            raise Invalid(_at(path, key), "required")
-        return ""
-    if not isinstance(value, str):
-        raise Invalid(_at(path, key), f"expected a string, not {_type_name(value)}")
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise Invalid(_at(path, key), f"expected {what}, not {_type_name(value)}")
     return value
+
+
+def _str(parent: dict[str, Any], key: str, path: str, *, required: bool = False) -> str:
+    value = _typed(parent, key, path, str, "a string")
+    if required and not value:
+        raise Invalid(_at(path, key), "required")
+    return value or ""
 
 
 def _bool(parent: dict[str, Any], key: str, path: str) -> bool:
-    value = parent.get(key)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise Invalid(_at(path, key), f"expected true or false, not {_type_name(value)}")
-    return value
+    return _typed(parent, key, path, bool, "true or false") or False
 
 
 def _port(parent: dict[str, Any], key: str, path: str) -> int:
-    value = parent.get(key)
+    value = _typed(parent, key, path, int, "a port number")
     if value is None:
         raise Invalid(_at(path, key), "required")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise Invalid(_at(path, key), f"expected a port number, not {_type_name(value)}")
     try:
         return r.check_port(value)
     except ValueError as exc:
