@@ -5,7 +5,7 @@ alike: `documents` dispatches Namespace, ServiceAccount and Pod here
 (`KIND_TABLE`) and every kind's metadata (`base`); `convert_core` reads a
 Deployment's pod template with `pod_template`. The supervisor learns its pods
 from the manifests folder through this module alone, so it never imports
-pydantic (about 19 MB of its RSS); the other kinds, with their pydantic
+pydantic (11 MB of its RSS); the other kinds, with their pydantic
 shapes, load on first use (`documents`).
 
 Also the pieces every converter shares and pydantic does not need: `Invalid`

@@ -18,7 +18,7 @@ Rules:
 2. Two snapshots with the same desired set yield once (no churn for
    unrelated manifest changes such as a Service edit).
 3. Watching the folder itself, the source reads only Pods and Namespaces
-   (`KINDS`): the supervisor never imports pydantic (about 19 MB of RSS) and
+   (`KINDS`): the supervisor never imports pydantic (11 MB of RSS) and
    leaves the other kinds' errors to the control plane, which reads them all.
 """
 

@@ -2,7 +2,7 @@
 
 The supervisor reads its pods from the manifests folder (`ManifestPodSource`),
 and only Pods and Namespaces, whose reader (`agent.controlplane.plain`) needs
-no pydantic: about 10 MB of the supervisor's RSS at start (issue 7: node
+no pydantic: 11 MB of the supervisor's RSS (issue 7: node
 memory). Checked on a fresh interpreter that imports the supervisor and reads
 a folder holding every kind the control plane reads, a bad Service among them.
 """
