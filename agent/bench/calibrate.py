@@ -33,6 +33,10 @@ Rules:
    load waits shows here: the convoy of the cross-node h2 lane (bench/RESULTS.md,
    twenty-eighth pass). The harness puts them on every row (`idle_pct`,
    `idle_pct_cpus`).
+6. Drift: when python/C at the end differs from the start by more than `DRIFT`
+   (relative), `describe` says so: the machine changed under the run (in the
+   fifty-first pass's full run Python slowed 44% while C did not), and one round's
+   ratios of setups run far apart carry that change.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ if TYPE_CHECKING:
 ROUNDS: Final = 5
 PY_ITERATIONS: Final = 100_000
 C_BYTES: Final = 32 << 20
+DRIFT: Final = 0.15  # rule 6: python/C moved more than this, relative, during a run
 PROC_STAT: Final = Path("/proc/stat")
 _STEAL: Final = 7  # index of steal among the cpu line's numbers (proc(5))
 _GUEST: Final = 8  # guest and guest_nice are counted in user and nice already
@@ -125,12 +130,21 @@ def measure(*, rounds: int = ROUNDS, scale: float = 1.0) -> dict[str, float]:
 
 
 def describe(start: dict[str, float], end: dict[str, float]) -> str:
-    """A run's note: the calibration at its start and end (rule 3)."""
-    return (
+    """A run's note: the calibration at its start and end (rule 3), and a warning when
+    python/C moved by more than `DRIFT` between them (rule 6)."""
+    text = (
         f"calibration (agent.bench.calibrate): python/C {start['python_over_c']} at the start, "
         f"{end['python_over_c']} at the end (python {start['python_ms']} / {end['python_ms']} ms, "
         f"C {start['c_ms']} / {end['c_ms']} ms)"
     )
+    moved = end["python_over_c"] / start["python_over_c"] - 1.0
+    if abs(moved) > DRIFT:
+        text += (
+            f"; python/C moved {moved:+.0%} during the run: a ratio of a Python setup to a C"
+            " peer measured minutes apart may be off by that much (--repeat takes ratios"
+            " within rounds)"
+        )
+    return text
 
 
 def _cpu_ticks(text: str) -> list[list[int]]:

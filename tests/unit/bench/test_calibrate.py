@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 
+import pytest
+
 from agent.bench import calibrate
 
 
@@ -36,6 +38,21 @@ def test_describe_names_both_ends():
     text = calibrate.describe(start, end)
     assert "python/C 2.0 at the start, 2.5 at the end" in text
     assert "70.0 / 90.0 ms" in text
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "warned"),
+    [(1.3, 1.88, "+45%"), (2.0, 1.6, "-20%"), (1.3, 1.49, None), (1.3, 1.12, None)],
+)
+def test_describe_warns_when_the_machine_changed_under_the_run(start, end, warned):
+    text = calibrate.describe(
+        {"python_ms": 20.0, "c_ms": 15.0, "python_over_c": start},
+        {"python_ms": 30.0, "c_ms": 15.0, "python_over_c": end},
+    )
+    if warned is None:
+        assert "moved" not in text
+    else:
+        assert f"python/C moved {warned} during the run" in text
 
 
 STAT = """cpu  263510 0 49540 8611638 1200 0 22703 28742 0 0
