@@ -3,6 +3,7 @@ strictly, with every bad field located; one pod-spec reader for Pods and Deploym
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -306,3 +307,81 @@ def test_any_value_in_any_pod_field_reads_or_is_located_in_that_part(part, value
         return
     assert where.startswith(part), (where, part)
     assert reason
+
+
+API_POD = """{
+  "apiVersion": "v1",
+  "kind": "Pod",
+  "metadata": {
+    "name": "web-7d4b9c-x2x9z",
+    "generateName": "web-7d4b9c-",
+    "namespace": "shop",
+    "uid": "0b4f0e53-6a0c-4c1e-9c55-2f1f4f8a1a11",
+    "resourceVersion": "81234",
+    "creationTimestamp": "2026-12-01T10:00:00Z",
+    "labels": {"app": "web", "pod-template-hash": "7d4b9c"},
+    "annotations": {"linkerd.io/inject": "enabled"},
+    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d4b9c",
+                         "uid": "5e0c", "controller": true, "blockOwnerDeletion": true}],
+    "managedFields": [{"manager": "kube-controller-manager", "operation": "Update"}]
+  },
+  "spec": {
+    "containers": [{
+      "name": "web",
+      "image": "ghcr.io/example/web:1.2",
+      "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+      "resources": {"limits": {"cpu": "500m"}},
+      "volumeMounts": [{"name": "token", "mountPath": "/var/run/secrets", "readOnly": true}],
+      "imagePullPolicy": "IfNotPresent"
+    }],
+    "restartPolicy": "Always",
+    "terminationGracePeriodSeconds": 30,
+    "dnsPolicy": "ClusterFirst",
+    "serviceAccountName": "web",
+    "serviceAccount": "web",
+    "nodeName": "node-a",
+    "securityContext": {},
+    "schedulerName": "default-scheduler",
+    "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                     "effect": "NoExecute", "tolerationSeconds": 300}],
+    "enableServiceLinks": true
+  },
+  "status": {
+    "phase": "Running",
+    "conditions": [
+      {"type": "Initialized", "status": "True", "lastProbeTime": null,
+       "lastTransitionTime": "2026-12-01T10:00:00Z"},
+      {"type": "Ready", "status": "True", "lastProbeTime": null,
+       "lastTransitionTime": "2026-12-01T10:00:05Z"}
+    ],
+    "hostIP": "10.0.1.4",
+    "hostIPs": [{"ip": "10.0.1.4"}],
+    "podIP": "10.244.1.17",
+    "podIPs": [{"ip": "10.244.1.17"}],
+    "startTime": "2026-12-01T10:00:00Z",
+    "containerStatuses": [{"name": "web", "ready": true, "restartCount": 0,
+                           "state": {"running": {"startedAt": "2026-12-01T10:00:04Z"}}}],
+    "qosClass": "Burstable"
+  }
+}"""
+
+
+def test_a_pod_as_the_api_server_returns_it_reads():
+    """Kubernetes mode's Pod watch will hand this reader the API server's JSON: every
+    field the mesh does not read (managedFields, tolerations, containerStatuses, nulls)
+    is ignored, the ones it reads come out as from a manifest."""
+    doc = json.loads(API_POD)
+    pod = plain.KIND_TABLE["Pod"].read(doc, plain.base(doc, namespaced=True, source=SOURCE))
+    assert isinstance(pod, k8s.Pod)
+    assert (pod.namespace, pod.name, pod.node_name) == ("shop", "web-7d4b9c-x2x9z", "node-a")
+    assert pod.uid == "0b4f0e53-6a0c-4c1e-9c55-2f1f4f8a1a11"
+    assert pod.service_account == "web"
+    assert pod.annotations == r.FrozenMap({"linkerd.io/inject": "enabled"})
+    assert pod.port("http") == 8080
+    assert pod.status == k8s.PodStatus(
+        phase=k8s.PodPhase.RUNNING,
+        pod_ip="10.244.1.17",
+        pod_ips=("10.244.1.17",),
+        host_ip="10.0.1.4",
+        ready=True,
+    )
