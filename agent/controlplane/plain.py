@@ -74,7 +74,7 @@ def _type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def mapping(value: object, path: str, *, required: bool = False) -> dict[str, Any]:
+def _mapping(value: object, path: str, *, required: bool = False) -> dict[str, Any]:
     """`value` as a mapping: {} when unset, unless `required`."""
     if value is None:
         if required:
@@ -152,7 +152,7 @@ def _ip(parent: dict[str, Any], key: str, path: str, *, required: bool = False) 
 
 def _str_map(parent: dict[str, Any], key: str, path: str) -> dict[str, str]:
     where = _at(path, key)
-    out = mapping(parent.get(key), where)
+    out = _mapping(parent.get(key), where)
     for name, value in out.items():
         if not isinstance(name, str):
             raise Invalid(where, f"a key must be a string, not {_type_name(name)} ({name!r})")
@@ -182,7 +182,7 @@ def base(doc: dict[str, Any], *, namespaced: bool, source: r.Source) -> dict[str
     """The fields every object takes from `metadata` (name, namespace, uid, labels,
     annotations) and `source`; a namespaced object without a namespace is in "default".
     """
-    meta = mapping(doc.get("metadata"), "metadata", required=True)
+    meta = _mapping(doc.get("metadata"), "metadata", required=True)
     name = _str(meta, "name", "metadata", required=True)
     namespace = _str(meta, "namespace", "metadata")
     uid = _str(meta, "uid", "metadata")
@@ -206,7 +206,7 @@ _PHASES = tuple(p.value for p in k8s.PodPhase)
 
 
 def _container_port(raw: object, path: str) -> r.ContainerPort:
-    port = mapping(raw, path)
+    port = _mapping(raw, path)
     name = _str(port, "name", path)
     if name:
         try:
@@ -221,7 +221,7 @@ def _container_port(raw: object, path: str) -> r.ContainerPort:
 
 
 def _container(raw: object, path: str) -> r.Container:
-    container = mapping(raw, path)
+    container = _mapping(raw, path)
     ports_path = _at(path, "ports")
     return r.Container(
         name=_str(container, "name", path, required=True),
@@ -247,11 +247,11 @@ class PodTemplateSpec:
 
 def pod_template(raw: object, path: str) -> PodTemplateSpec:
     """A pod spec at `path` (`spec`, `spec.template.spec`); a pod needs a container."""
-    spec = mapping(raw, path, required=True)
+    spec = _mapping(raw, path, required=True)
     containers = _list(spec, "containers", path)
-    if not containers:
-        raise Invalid(_at(path, "containers"), "a pod needs at least one container")
     where = _at(path, "containers")
+    if not containers:
+        raise Invalid(where, "a pod needs at least one container")
     return PodTemplateSpec(
         service_account=(
             _str(spec, "serviceAccountName", path)
@@ -267,16 +267,16 @@ def pod_template(raw: object, path: str) -> PodTemplateSpec:
 
 
 def _pod_status(raw: object) -> k8s.PodStatus:
-    status = mapping(raw, "status")
+    status = _mapping(raw, "status")
     pod_ip = _ip(status, "podIP", "status")
     ips = tuple(
-        _ip(mapping(item, f"status.podIPs[{i}]"), "ip", f"status.podIPs[{i}]", required=True)
+        _ip(_mapping(item, f"status.podIPs[{i}]"), "ip", f"status.podIPs[{i}]", required=True)
         for i, item in enumerate(_list(status, "podIPs", "status"))
     )
     ready = False
     for i, item in enumerate(_list(status, "conditions", "status")):
         where = f"status.conditions[{i}]"
-        condition = mapping(item, where)
+        condition = _mapping(item, where)
         kind = _str(condition, "type", where, required=True)
         value = _str(condition, "status", where, required=True)
         ready = ready or (kind == "Ready" and value == "True")
