@@ -106,6 +106,15 @@ class H2Pool:
                     return None
         return None
 
+    def busy(self, key: Hashable) -> bool:
+        """Whether a connection to `key` has a stream open: a request joining it shares the
+        lane's TLS records and wake-ups (agent.proxy.h1toh2 rule 7)."""
+        conns = self._last_conns if key is self._last_key else self._conns.get(key)
+        for conn in conns or ():  # noqa: SIM110 - not `any` over a generator: asked per request
+            if conn.streams:
+                return True
+        return False
+
     async def _conn(self, key: Hashable, opener: Opener) -> H2Conn:
         while True:
             for conn in self._conns.get(key, ()):

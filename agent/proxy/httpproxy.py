@@ -346,7 +346,8 @@ class HttpConn:
             return True
         assert type(target) is Target  # noqa: S101 - narrowing for mypy
         h2 = target.h2
-        if h2 is not None and not target.h2_plain:  # always upgraded (agent.proxy.h1toh2)
+        # always upgraded, or its lane is busy already (agent.proxy.h1toh2 rule 7)
+        if h2 is not None and (not target.h2_plain or h2.busy(h1toh2.lane_key(self, target, h2))):
             return self._start_upgraded(head, plan, target, t0, n)
         up = self.pool.take(target.key)
         if up is None:  # no idle connection
@@ -371,7 +372,10 @@ class HttpConn:
         """Whether a request to `target` (whose inbound takes h2) goes upgraded now
         (agent.proxy.h1toh2 rule 7)."""
         plain = target.h2_plain
-        return not plain or self.pool.crowded(target.key, plain)
+        if not plain or self.pool.crowded(target.key, plain):
+            return True
+        h2 = target.h2
+        return h2 is not None and h2.busy(h1toh2.lane_key(self, target, h2))
 
     def _start_upgraded(
         self, head: RequestHead, plan: Plan, target: Target, t0: float, n: int

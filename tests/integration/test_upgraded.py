@@ -400,3 +400,66 @@ def test_auto_upgrades_only_what_finds_its_http1_connections_busy(run: Run) -> N
             await writer.wait_closed()
 
     run(body)
+
+
+def test_auto_keeps_joining_a_busy_lane_while_http1_connections_are_idle(run: Run) -> None:
+    # h1toh2 rule 7: once the client connection's lane has a stream open, a request joins
+    # it even when an HTTP/1 connection is idle (it would take its own TLS record and
+    # wake-up, splitting the lane's batches); once the lane is quiet, HTTP/1 again.
+    async def body() -> None:
+        held: list[bytes] = []
+        arrived = asyncio.Event()
+
+        def script(path: bytes) -> bytes:
+            if path.startswith(b"/hold"):
+                held.append(path)
+                arrived.set()
+                return b""  # answered by the test
+            return _ok(path)
+
+        async with _world(script, h2_plain=2) as world:
+            out = world.outbound
+            assert out is not None
+            out.h2.lanes = 1  # every client connection on one lane, as on a one-worker node
+            pool, inbound = out.pool, world.inbound.pool
+            reader, writer = await asyncio.open_connection(HOST, world.port)
+            assert (await _get(reader, writer, b"/first"))[2] == b"/first"
+            assert (pool.opened, out.h2.opened) == (1, 0)
+            # /hold0 and /hold1 take both HTTP/1 connections; /hold2 then goes upgraded
+            others = [await asyncio.open_connection(HOST, world.port) for _ in range(3)]
+            for n, (_, w) in enumerate(others):
+                arrived.clear()
+                w.write(b"GET /hold%d HTTP/1.1\r\nHost: web\r\n\r\n" % n)
+                await asyncio.wait_for(arrived.wait(), 5)
+            assert (pool.opened, out.h2.opened, inbound.opened) == (2, 1, 1)
+            # the app answers the two HTTP/1 requests: both connections idle again
+            for path, c in zip(held[:2], world.up.conns[:2], strict=True):
+                assert c.tr is not None
+                c.tr.write(_ok(path))
+            for (r, _), path in zip(others[:2], held[:2], strict=True):
+                [(status, _, got)] = await _read_responses(r, 1)
+                assert (status, got) == (200, path)
+            assert pool.idle_count() == 2
+            # /hold2's stream is still open on the lane: the next request joins it
+            reused = pool.reused
+            assert (await _get(reader, writer, b"/joins"))[2] == b"/joins"
+            assert pool.reused == reused, "went on an idle HTTP/1 connection"
+            assert inbound.opened == 2  # the peer took it to the app beside /hold2
+            # the lane goes quiet: HTTP/1 takes requests back
+            c = world.up.conns[2]
+            assert c.tr is not None
+            c.tr.write(_ok(held[2]))
+            [(status, _, got)] = await _read_responses(others[2][0], 1)
+            assert (status, got) == (200, b"/hold2")
+            for _ in range(100):  # the stream closes once its end has gone to the client
+                if not out.h2.busy(world.conns[0].h2_key):
+                    break
+                await asyncio.sleep(0.01)
+            assert (await _get(reader, writer, b"/calm"))[2] == b"/calm"
+            assert pool.reused == reused + 1
+            for _, w in others:
+                w.close()
+            writer.close()
+            await writer.wait_closed()
+
+    run(body)
