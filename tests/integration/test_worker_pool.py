@@ -193,10 +193,15 @@ async def test_a_worker_that_cannot_start_fails_the_start_at_once(tmp_path):
         with pytest.raises(PoolError, match="exited with status 1 before it was ready, 2 times"):
             await pool.start(ready_timeout=30)
         assert time.monotonic() - started < 10
+        # what stopped the start: the plugin's exits, one slot's twice at least
+        failed = list(pool.exits)
+        assert len(failed) >= 2
+        assert all(record.status == 1 for record in failed)
     finally:
         await pool.close()
     assert pool.pids == []
-    assert all(record.status == 1 for record in pool.exits)
+    # a slot's worker still loading when the start failed is killed by `close`
+    assert all(record.status == -signal.SIGKILL for record in list(pool.exits)[len(failed) :])
 
 
 async def test_a_worker_that_dies_once_while_starting_is_replaced_and_the_start_goes_on(
