@@ -141,6 +141,7 @@ ALL_LOADS = (
     "tcp-reverse",
     "conn-rate",
 )
+NAMED_LOADS = ("http1-post-saturate",)  # run only when `--loads` names them
 PLACEMENTS = ("split", "shared")
 MEMORY_PODS = (1, 10, 50, 100)
 QUICK_MEMORY_PODS = (100,)  # rule 11: the goal's
@@ -275,7 +276,7 @@ class Options:
                 why = f"--icount needs loads of at least {callgrind.MIN_DURATION_S:g}s"
                 raise ValueError(f"{why}, got --duration {duration_s:g}")
         wanted_setups = _pick(setups_, tuple(setups.SETUPS), "setup") if setups_ else None
-        all_loads = (*ALL_LOADS, *(f"memory-{p}" for p in MEMORY_PODS), "memory")
+        all_loads = (*ALL_LOADS, *NAMED_LOADS, *(f"memory-{p}" for p in MEMORY_PODS), "memory")
         base_loads = QUICK_LOADS if quick else ALL_LOADS
         memory: tuple[int, ...] = QUICK_MEMORY_PODS if quick else MEMORY_PODS
         chosen = (*base_loads, "memory")
@@ -518,6 +519,7 @@ def _one_load(target: Target, load: str, opts: Options) -> loads.Measured:
     runners: dict[str, Callable[[], loads.Measured]] = {
         "http1-rr": lambda: loads.http1_rr(target, d, w),
         "http1-saturate": lambda: loads.http1_saturate(target, d),
+        "http1-post-saturate": lambda: loads.http1_post_saturate(target, d),
         "h2-saturate": lambda: loads.h2_saturate(target, d),
         "tcp-throughput": lambda: loads.tcp_throughput(target, d),
         "tcp-reverse": lambda: loads.tcp_throughput(target, d, reverse=True),

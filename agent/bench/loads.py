@@ -2,6 +2,10 @@
 
     http1-rate-N     agent.bench.loadgen, constant N req/s, 16 keep-alive connections
     http1-saturate   wrk, 64 connections, 2 threads
+    http1-post-saturate
+                     the same with POSTs of `POST_BODY_BYTES` (1 KiB; by name
+                     only): requests with a body, which the proxies serve on
+                     another path than bodiless ones
     h2-saturate      h2load (h2c prior knowledge), 4 connections x 16 streams
     tcp-throughput   iperf3, one stream, the client pod sends
     tcp-reverse      iperf3 -R, one stream, the server pod sends (a download)
@@ -26,7 +30,9 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.bench.hist import Histogram
@@ -41,6 +47,7 @@ _T = TypeVar("_T")
 
 RATE_CONNECTIONS = 16
 SATURATE_CONNECTIONS = 64
+POST_BODY_BYTES = 1024  # http1-post-saturate's request bodies
 CONN_LOOPS = 16
 RR_CONNECTIONS = 1
 SIDE_SLICE_S = 1.0
@@ -277,6 +284,26 @@ def http1_saturate(target: Target, duration: float) -> Measured:
     argv = ["wrk", "-t2", f"-c{SATURATE_CONNECTIONS}", f"-d{max(1, round(duration))}s"]
     argv += ["--latency", f"http://{target.host}:{target.http_port}/"]
     return _parse("http1-saturate", from_wrk, _run(target, "http1-saturate", argv, duration + 30))
+
+
+def post_script(size: int) -> str:
+    """wrk's Lua script for POSTs of `size` bytes (http1-post-saturate)."""
+    return (
+        'wrk.method = "POST"\n'
+        f'wrk.body = string.rep("x", {size})\n'
+        'wrk.headers["Content-Type"] = "application/octet-stream"\n'
+    )
+
+
+def http1_post_saturate(target: Target, duration: float) -> Measured:
+    load = "http1-post-saturate"
+    with tempfile.TemporaryDirectory(prefix="meshagent-bench-post-") as tmp:
+        script = Path(tmp) / "post.lua"  # the pod shares the file system
+        script.write_text(post_script(POST_BODY_BYTES))
+        argv = ["wrk", "-t2", f"-c{SATURATE_CONNECTIONS}", f"-d{max(1, round(duration))}s"]
+        argv += ["--latency", "-s", str(script), f"http://{target.host}:{target.http_port}/"]
+        text = _run(target, load, argv, duration + 30)
+    return _parse(load, from_wrk, text)
 
 
 def h2_saturate(target: Target, duration: float) -> Measured:

@@ -210,6 +210,7 @@ def _ratio(mine: float | None, peer: float | None) -> float | None:
 _RATIOS: list[tuple[str, str, str, str, str]] = [
     ("http1_saturate_rps", "rps", "http1-saturate", "haproxy-http", CROSS_PEER),
     ("h2_saturate_rps", "rps", "h2-saturate", "haproxy-http", CROSS_PEER),
+    ("http1_post_rps", "rps", "http1-post-saturate", "haproxy-http", CROSS_PEER),
     ("added_p99", "added_p99_ms", "http1-rate-1000", "haproxy-http", CROSS_PEER),
     ("added_p99", "added_p99_ms", "http1-rate-2000", "haproxy-http", CROSS_PEER),
     ("added_p99", "added_p99_ms", SIDE_PREFIX + "1000", "haproxy-http", CROSS_PEER),

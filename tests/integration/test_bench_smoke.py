@@ -331,3 +331,15 @@ def test_a_run_whose_out_went_away_prints_its_document_instead(tmp_path):
     (row,) = doc["results"]
     assert (row["setup"], row["load"]) == ("direct", "http1-rr")
     assert row["requests"] > 0
+
+
+def test_the_post_load_carries_bodies_through_haproxy_and_the_mesh(tmp_path):
+    data = _bench(tmp_path, "haproxy-http,meshagent-ebpf", "http1-post-saturate", timeout=120)
+    rows = {r["setup"]: r for r in data["results"] if r["load"] == "http1-post-saturate"}
+    assert set(rows) == {"haproxy-http", "meshagent-ebpf"}, data["results"]
+    for row in rows.values():
+        assert row.get("error") is None, row
+        assert row["rps"] > 0, row
+        assert row["errors"] == 0, row  # wrk counts a non-2xx answer or a timeout
+    key = "http1_post_rps:meshagent-ebpf/haproxy-http@http1-post-saturate"
+    assert data["ratios"][key] > 0

@@ -15,6 +15,7 @@ from agent.bench.harness import (
     ALL_LOADS,
     BASE,
     EXPLAIN_LOADS,
+    NAMED_LOADS,
     QUICK_MEMORY_PODS,
     QUICK_SETUPS,
     Options,
@@ -58,6 +59,15 @@ def test_load_prefix_picks_every_rate_and_memory_n_picks_one_count():
     opts = Options.make(quick=False, loads_="http1-rate,memory-50")
     assert opts.loads == tuple(x for x in ALL_LOADS if x.startswith("http1-rate-"))
     assert opts.memory_pods == (50,)
+
+
+def test_the_post_load_runs_only_when_named():
+    assert "http1-post-saturate" in NAMED_LOADS
+    for quick in (True, False):
+        assert "http1-post-saturate" not in Options.make(quick=quick).loads
+    named = Options.make(quick=False, loads_="http1-saturate,http1-post-saturate")
+    assert named.loads == ("http1-saturate", "http1-post-saturate")
+    assert named.runs("meshagent-ebpf-xnode", "http1-post-saturate")
 
 
 def test_the_full_run_and_a_named_setup_run_beyond_quicks():

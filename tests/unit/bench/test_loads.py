@@ -95,3 +95,10 @@ def test_tcp_side_refuses_a_path_without_an_echo_port_before_it_starts_anything(
     targets = [target("direct", 7081), target("haproxy-http", 0)]
     with pytest.raises(loads.LoadError, match="load tcp-side-1000: no echo port on haproxy-http"):
         loads.tcp_side(targets, 1000, 1.0, 0.0)
+
+
+def test_the_post_script_makes_wrk_send_bodies_of_the_size_asked():
+    script = loads.post_script(1024)
+    assert 'wrk.method = "POST"' in script
+    assert 'string.rep("x", 1024)' in script
+    assert loads.POST_BODY_BYTES == 1024
