@@ -14,7 +14,12 @@ Rules:
    they never mix with the HTTP/1 path's connections, which pass chunks raw.
 2. The request body is sent as it arrives (chunk-encoded when it has no
    `content-length`), each DATA acknowledged once written; the response head
-   is read after the body was sent, as the HTTP/1 path does.
+   is read after the body was sent, as the HTTP/1 path does. What of the body
+   already arrived with the head (up to `JOIN_BYTES`) leaves in the head's write,
+   and a request that arrived whole is held for the batch (agent.proxy.writes) as
+   rule 5's are: written apart, the head and a 1 KiB body cost the app two
+   wake-ups and the worker two system calls per request (bench/RESULTS.md,
+   fifty-second pass).
 3. A response that arrived whole goes out as HEADERS + one DATA with
    END_STREAM (or trailers: a chunked body's become the stream's, origproto
    rule 5); a longer one is sent as it arrives, and the app connection's
@@ -41,7 +46,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from agent.proxy import h2msg, http1, origproto, writes
 from agent.proxy.h1upstream import HIGH_WATER, Exchange, UpstreamConn
@@ -58,6 +63,9 @@ if TYPE_CHECKING:
     from agent.proxy.h2serve import Starter
     from agent.proxy.record import Labels
     from agent.proxy.upstream import ConnPool, TransportOpener
+
+
+JOIN_BYTES: Final = 64 * 1024  # of a request's body sent with its head at most (rule 2)
 
 
 def _decoding_conn() -> UpstreamConn:
@@ -178,11 +186,16 @@ class Downgrade:
         bodiless = down.bodiless
         head, chunked = request.head_bytes(end=bodiless)
         try:
-            tr.write(head)
             if bodiless:
+                tr.write(head)
                 down.drop_end()
             else:
-                await _body_in(down, conn, chunked=chunked)
+                parts = [head]
+                if take_queued_body(down, parts, chunked=chunked):  # all of it: rule 2
+                    self.batch.hold(tr, b"".join(parts))
+                else:
+                    tr.write(b"".join(parts) if len(parts) > 1 else head)
+                    await _body_in(down, conn, chunked=chunked)
         except BaseException:
             conn.abort()
             raise
@@ -401,6 +414,30 @@ async def _last(down: H2Stream, body: bytes, tail: http1.Headers | None) -> None
         down.send_headers(origproto.upgrade_trailers(tail), end=True)
     elif not body:
         down.end()
+
+
+def take_queued_body(down: H2Stream, parts: list[bytes], *, chunked: bool) -> bool:
+    """The request body `down` already holds, up to `JOIN_BYTES`, added to `parts` as the
+    app takes it, each DATA acknowledged (rule 2); True when its end was among them."""
+    size = 0
+    while size < JOIN_BYTES:
+        item = down.next_now()
+        if item is None:
+            return False
+        if isinstance(item, Data):
+            parts.append(origproto.chunk(item.data) if chunked else item.data)
+            size += len(item.data)
+            down.ack(item.flow)
+        elif isinstance(item, (Trailers, End)):
+            if chunked:
+                parts.append(
+                    origproto.last_chunk(item.headers if isinstance(item, Trailers) else None)
+                )
+            return True
+        else:  # a reset: `_body_in` meets it
+            down.unget(item)
+            return False
+    return False
 
 
 async def _body_in(down: H2Stream, up: UpstreamConn, *, chunked: bool) -> None:
