@@ -16,7 +16,11 @@ Rules:
    first body bytes or the end in one write; each DATA is acknowledged to the
    peer (reopening its window) once written to the client, and a client that
    cannot take more (`write_paused`) is waited for first, so memory per request
-   stays bounded by the stream's window.
+   stays bounded by the stream's window. A response whose rest is already queued
+   (up to `WHOLE_BYTES`) is held whole for the batch (agent.proxy.writes rules 3
+   and 5), as the callbacks' are: written one by one, a loop batch of upgraded
+   POSTs' responses cost a system call and a client wake-up each (bench/RESULTS.md,
+   fifty-second pass).
 3. A stream that breaks after the head was written aborts the client connection
    (as an HTTP/1 upstream that breaks does); either way the stream is closed
    and discarded, so it holds no reference cycle (agent.proxy.http2 rule 8).
@@ -69,6 +73,7 @@ if TYPE_CHECKING:
 
 
 AUTO_PLAIN: Final = 2  # rule 7: busy HTTP/1 connections per target before upgrading
+WHOLE_BYTES: Final = 64 * 1024  # a queued response body held whole at most (rule 2)
 
 
 class Upgraded:
@@ -192,8 +197,8 @@ async def respond(  # noqa: PLR0913 - the facts of one response
     out, chunked, keep = origproto.downgrade_response(resp.headers, head, end=resp.end)
     try:
         if resp.end:
-            conn.write(out)
-        else:
+            conn.batch.hold(conn.transport, out, lane=True)  # whole: writes rules 3, 5
+        elif not _whole_out(conn, stream, out, chunked=chunked):
             await _body_out(conn, stream, out, chunked=chunked)
     except (StreamGoneError, ClientGoneError):
         conn.end_handle(target, ok=False)
@@ -210,6 +215,29 @@ async def respond(  # noqa: PLR0913 - the facts of one response
         failure=failure,
     )
     return keep
+
+
+def _whole_out(conn: HttpConn, stream: H2Stream, out: bytes, *, chunked: bool) -> bool:
+    """Hold the response `out` begins for the batch when the rest of it is queued on
+    `stream` and at most `WHOLE_BYTES` (rule 2): as the callbacks' responses are, so the
+    responses of one read of the lane leave in one system call, not one write each."""
+    if not stream.remote_ended or stream.gone is not None or stream.queued_bytes() > WHOLE_BYTES:
+        return False
+    parts = [out]
+    while True:
+        item = stream.next_now()
+        if isinstance(item, Data):
+            parts.append(origproto.chunk(item.data) if chunked else item.data)
+            stream.ack(item.flow)
+        elif isinstance(item, (Trailers, End)):
+            if chunked:
+                parts.append(
+                    origproto.last_chunk(item.headers if isinstance(item, Trailers) else None)
+                )
+            conn.batch.hold(conn.transport, b"".join(parts), lane=True)  # writes rules 3, 5
+            return True
+        else:  # queued before its end: cannot be
+            raise StreamGoneError(CANCEL)
 
 
 async def _body_out(conn: HttpConn, stream: H2Stream, out: bytes, *, chunked: bool) -> None:

@@ -196,6 +196,16 @@ class H2Stream:
         else:
             self.items.insert(0, item)
 
+    def queued_bytes(self) -> int:
+        """DATA bytes queued and not taken yet."""
+        items = self.items
+        size = 0
+        for i in range(self._next, len(items)):
+            item = items[i]
+            if isinstance(item, Data):
+                size += len(item.data)
+        return size
+
     def drop_end(self) -> None:
         """Drop the queued end (`peek_end` said it is next)."""
         self._take()

@@ -463,3 +463,35 @@ def test_auto_keeps_joining_a_busy_lane_while_http1_connections_are_idle(run: Ru
             await writer.wait_closed()
 
     run(body)
+
+
+def test_posts_go_upgraded_with_their_bodies_and_their_answers_come_back_whole(run: Run) -> None:
+    # A request with a body is served by the connection's coroutine: its body reaches the
+    # app with its head (h2toh1 rule 2), and an answer that came whole is held for the
+    # batch (h1toh2 rule 2); one larger than WHOLE_BYTES streams as before.
+    big = b"b" * (h1toh2.WHOLE_BYTES + 1)
+
+    def script(path: bytes) -> bytes:
+        return _ok(big) if path == b"/big" else _ok(path)
+
+    async def body() -> None:
+        async with _world(script) as world:
+            assert world.outbound is not None
+            reader, writer = await asyncio.open_connection(HOST, world.port)
+            for n, path in enumerate((b"/p1", b"/p2", b"/big", b"/p3")):
+                payload = b"%d" % n * (1000 + n)
+                writer.write(
+                    b"POST %s HTTP/1.1\r\nHost: web\r\nContent-Length: %d\r\n\r\n%s"
+                    % (path, len(payload), payload)
+                )
+                [(status, _, got)] = await _read_responses(reader, 1)
+                assert (status, got) == (200, big if path == b"/big" else path)
+                head, sent = world.up.seen[-1]
+                assert head.startswith(b"POST " + path)
+                assert sent == payload
+            assert world.outbound.h2.opened == 1  # every one upgraded, on one lane
+            assert world.conns[0].callback_requests == 0  # bodies: the coroutine's
+            writer.close()
+            await writer.wait_closed()
+
+    run(body)

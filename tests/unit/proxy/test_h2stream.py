@@ -27,6 +27,18 @@ async def test_items_come_out_in_the_order_pushed_and_the_queue_empties(stream):
     assert stream.items == []  # all read: emptied
 
 
+async def test_queued_bytes_counts_the_data_not_taken_yet(stream):
+    assert stream.queued_bytes() == 0
+    for item in (Head([(b":status", b"200")], end=False), Data(b"abc", 3), Data(b"de", 2), END):
+        stream.push(item)
+    assert stream.queued_bytes() == 5
+    stream.next_now()
+    stream.next_now()
+    assert stream.queued_bytes() == 2  # the first DATA taken
+    stream.next_now()
+    assert stream.queued_bytes() == 0
+
+
 async def test_an_item_put_back_comes_out_first_again(stream):
     data, trailers = Data(b"a", 1), Trailers([(b"grpc-status", b"0")])
     stream.push(data)
