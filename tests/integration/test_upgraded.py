@@ -349,22 +349,29 @@ def test_finished_upgraded_exchanges_leave_no_cycle_for_the_collector(run: Run, 
     run(body)
 
 
+class _Holding:
+    """The app's script: a `/hold...` request is held for the test to answer."""
+
+    def __init__(self) -> None:
+        self.held: list[bytes] = []
+        self.arrived = asyncio.Event()
+
+    def script(self, path: bytes) -> bytes:
+        if path.startswith(b"/hold"):
+            self.held.append(path)
+            self.arrived.set()
+            return b""  # answered by the test
+        return _ok(path)
+
+
 def test_auto_upgrades_only_what_finds_its_http1_connections_busy(run: Run) -> None:
     # `--h2-upgrade auto` (h1toh2 rule 7) with 2 plain connections: requests one at a
     # time go as HTTP/1 on one pooled connection; a third request while two are held
     # goes upgraded; once the two are free again, HTTP/1 takes requests back.
     async def body() -> None:
-        held: list[bytes] = []
-        arrived = asyncio.Event()
-
-        def script(path: bytes) -> bytes:
-            if path.startswith(b"/hold"):
-                held.append(path)
-                arrived.set()
-                return b""  # answered by the test
-            return _ok(path)
-
-        async with _world(script, h2_plain=2) as world:
+        app = _Holding()
+        held, arrived = app.held, app.arrived
+        async with _world(app.script, h2_plain=2) as world:
             assert world.outbound is not None
             pool, inbound = world.outbound.pool, world.inbound.pool
             reader, writer = await asyncio.open_connection(HOST, world.port)
@@ -407,17 +414,9 @@ def test_auto_keeps_joining_a_busy_lane_while_http1_connections_are_idle(run: Ru
     # it even when an HTTP/1 connection is idle (it would take its own TLS record and
     # wake-up, splitting the lane's batches); once the lane is quiet, HTTP/1 again.
     async def body() -> None:
-        held: list[bytes] = []
-        arrived = asyncio.Event()
-
-        def script(path: bytes) -> bytes:
-            if path.startswith(b"/hold"):
-                held.append(path)
-                arrived.set()
-                return b""  # answered by the test
-            return _ok(path)
-
-        async with _world(script, h2_plain=2) as world:
+        app = _Holding()
+        held, arrived = app.held, app.arrived
+        async with _world(app.script, h2_plain=2) as world:
             out = world.outbound
             assert out is not None
             out.h2.lanes = 1  # every client connection on one lane, as on a one-worker node
