@@ -224,20 +224,10 @@ def _whole_out(conn: HttpConn, stream: H2Stream, out: bytes, *, chunked: bool) -
     if not stream.remote_ended or stream.gone is not None or stream.queued_bytes() > WHOLE_BYTES:
         return False
     parts = [out]
-    while True:
-        item = stream.next_now()
-        if isinstance(item, Data):
-            parts.append(origproto.chunk(item.data) if chunked else item.data)
-            stream.ack(item.flow)
-        elif isinstance(item, (Trailers, End)):
-            if chunked:
-                parts.append(
-                    origproto.last_chunk(item.headers if isinstance(item, Trailers) else None)
-                )
-            conn.batch.hold(conn.transport, b"".join(parts), lane=True)  # writes rules 3, 5
-            return True
-        else:  # queued before its end: cannot be
-            raise StreamGoneError(CANCEL)
+    if not origproto.take_body(stream, parts, chunked=chunked, limit=WHOLE_BYTES + 1):
+        raise StreamGoneError(CANCEL)  # ended, yet its end was not queued: cannot be
+    conn.batch.hold(conn.transport, b"".join(parts), lane=True)  # writes rules 3, 5
+    return True
 
 
 async def _body_out(conn: HttpConn, stream: H2Stream, out: bytes, *, chunked: bool) -> None:

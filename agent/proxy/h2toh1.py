@@ -191,7 +191,7 @@ class Downgrade:
                 down.drop_end()
             else:
                 parts = [head]
-                if take_queued_body(down, parts, chunked=chunked):  # all of it: rule 2
+                if origproto.take_body(down, parts, chunked=chunked, limit=JOIN_BYTES):  # rule 2
                     self.batch.hold(tr, b"".join(parts))
                 else:
                     tr.write(b"".join(parts) if len(parts) > 1 else head)
@@ -414,30 +414,6 @@ async def _last(down: H2Stream, body: bytes, tail: http1.Headers | None) -> None
         down.send_headers(origproto.upgrade_trailers(tail), end=True)
     elif not body:
         down.end()
-
-
-def take_queued_body(down: H2Stream, parts: list[bytes], *, chunked: bool) -> bool:
-    """The request body `down` already holds, up to `JOIN_BYTES`, added to `parts` as the
-    app takes it, each DATA acknowledged (rule 2); True when its end was among them."""
-    size = 0
-    while size < JOIN_BYTES:
-        item = down.next_now()
-        if item is None:
-            return False
-        if isinstance(item, Data):
-            parts.append(origproto.chunk(item.data) if chunked else item.data)
-            size += len(item.data)
-            down.ack(item.flow)
-        elif isinstance(item, (Trailers, End)):
-            if chunked:
-                parts.append(
-                    origproto.last_chunk(item.headers if isinstance(item, Trailers) else None)
-                )
-            return True
-        else:  # a reset: `_body_in` meets it
-            down.unget(item)
-            return False
-    return False
 
 
 async def _body_in(down: H2Stream, up: UpstreamConn, *, chunked: bool) -> None:

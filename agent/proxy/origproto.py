@@ -28,6 +28,9 @@ Rules:
 5. Trailers cross both ways: an h2 message's trailers end the chunked HTTP/1
    body written for it (`last_chunk`), and a chunked HTTP/1 body's trailers
    become the stream's trailers (`upgrade_trailers`), under rule 2.
+6. `take_body`: what of a stream's body is queued, as the HTTP/1 bytes rule 3
+   frames it, for a side that writes it with its head or whole (agent.proxy.h2toh1
+   and h1toh2 rule 2).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Final
 
 from agent.proxy import h1msg
 from agent.proxy.h2msg import H2Headers, header, status_of
+from agent.proxy.h2stream import CANCEL, Data, End, H2Stream, StreamGoneError, Trailers
 from agent.proxy.http1 import Framing, Headers, RequestHead, ResponseHead
 
 ORIG_PROTO: Final = b"l5d-orig-proto"
@@ -221,3 +225,29 @@ def _has_body(status: int, method: bytes) -> bool:
 def _sends_length(method: bytes) -> bool:
     """Methods whose bodiless requests say `content-length: 0` (RFC 9110 8.6)."""
     return method in (b"POST", b"PUT", b"PATCH")
+
+
+def take_body(stream: H2Stream, parts: list[bytes], *, chunked: bool, limit: int) -> bool:
+    """Rule 6: add the body items queued on `stream` to `parts` (chunk-encoded when
+    `chunked`), each DATA acknowledged, until `limit` bytes of it are taken; True when
+    its end (or trailers) was among them.
+
+    Raises:
+        StreamGoneError: the stream was reset, or sent something other than a body.
+    """
+    size = 0
+    while size < limit:
+        item = stream.next_now()
+        if item is None:
+            return False
+        if isinstance(item, Data):
+            parts.append(chunk(item.data) if chunked else item.data)
+            size += len(item.data)
+            stream.ack(item.flow)
+        elif isinstance(item, (Trailers, End)):
+            if chunked:
+                parts.append(last_chunk(item.headers if isinstance(item, Trailers) else None))
+            return True
+        else:
+            raise StreamGoneError(CANCEL)
+    return False
