@@ -281,9 +281,7 @@ def http1_rr(target: Target, duration: float, warmup: float) -> Measured:
 
 
 def http1_saturate(target: Target, duration: float) -> Measured:
-    argv = ["wrk", "-t2", f"-c{SATURATE_CONNECTIONS}", f"-d{max(1, round(duration))}s"]
-    argv += ["--latency", f"http://{target.host}:{target.http_port}/"]
-    return _parse("http1-saturate", from_wrk, _run(target, "http1-saturate", argv, duration + 30))
+    return _wrk(target, "http1-saturate", duration, [])
 
 
 def post_script(size: int) -> str:
@@ -296,14 +294,16 @@ def post_script(size: int) -> str:
 
 
 def http1_post_saturate(target: Target, duration: float) -> Measured:
-    load = "http1-post-saturate"
     with tempfile.TemporaryDirectory(prefix="meshagent-bench-post-") as tmp:
         script = Path(tmp) / "post.lua"  # the pod shares the file system
         script.write_text(post_script(POST_BODY_BYTES))
-        argv = ["wrk", "-t2", f"-c{SATURATE_CONNECTIONS}", f"-d{max(1, round(duration))}s"]
-        argv += ["--latency", "-s", str(script), f"http://{target.host}:{target.http_port}/"]
-        text = _run(target, load, argv, duration + 30)
-    return _parse(load, from_wrk, text)
+        return _wrk(target, "http1-post-saturate", duration, ["-s", str(script)])
+
+
+def _wrk(target: Target, load: str, duration: float, extra: list[str]) -> Measured:
+    argv = ["wrk", "-t2", f"-c{SATURATE_CONNECTIONS}", f"-d{max(1, round(duration))}s"]
+    argv += ["--latency", *extra, f"http://{target.host}:{target.http_port}/"]
+    return _parse(load, from_wrk, _run(target, load, argv, duration + 30))
 
 
 def h2_saturate(target: Target, duration: float) -> Measured:
