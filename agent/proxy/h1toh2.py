@@ -9,7 +9,8 @@ session, and the frames of one loop iteration leave in one write.
 
 Rules:
 1. `send` is `HttpConn._send`'s twin: the request goes as h2 headers (END_STREAM
-   when it has no body), its body as DATA as it arrives, the attempt's result is
+   when it has no body), its body as DATA as it arrives (END_STREAM on the last DATA
+   when the end came with it), the attempt's result is
    the response's HEADERS. A reset or a lost connection before them is an
    `UpstreamError` (502), which the caller may retry like an HTTP/1 failure.
 2. `respond` writes the response as HTTP/1 (origproto rule 3): the head joins the
@@ -29,8 +30,10 @@ Rules:
    `HttpConn._head_bytes` does for HTTP/1.
 5. A worker keeps `Worker.h2_lanes` h2 connections per endpoint, each client
    connection sending on one of them (agent.proxy.h2pool rule 2).
-6. In callbacks (`start_now`, httpproxy rule 7): a bodiless request whose lane has an
-   established h2 connection is opened on it from the client's `data_received`, and
+6. In callbacks (`start_now`, httpproxy rule 7): a request that arrived whole, whose
+   lane has an established h2 connection that takes its body at once (one DATA frame
+   within the windows, `H2Conn.takes_body`), is opened on it from the client's
+   `data_received`, HEADERS and DATA in one write, and
    answered from the stream's callbacks (`UpExchange`, the client connection's callback
    exchange while it lasts): what one batch of frames brought leaves in one client
    write, a whole response held to the end of the loop's batch (agent.proxy.writes).
@@ -171,7 +174,10 @@ async def _body(conn: HttpConn, stream: H2Stream) -> None:
     while True:
         ev = await down.next_event()
         if isinstance(ev, BodyData):
-            await stream.send_data(bytes(ev.data))
+            end = down.take_end()  # already here: END_STREAM on this DATA, no frame of its own
+            await stream.send_data(bytes(ev.data), end=end)
+            if end:
+                return
         elif isinstance(ev, MessageEnd):
             if not stream.local_ended:
                 stream.end()
@@ -265,16 +271,25 @@ def cancel(got: Upgraded) -> None:
 # --- in callbacks (rule 6) -------------------------------------------------------------
 
 
-def start_now(conn: HttpConn, head: RequestHead, plan: Plan, target: Target, t0: float) -> bool:
-    """Open `head` upgraded from the client's callbacks (rule 6); False, with nothing done,
-    when it has a body, may not be upgraded, or its lane has no established connection."""
+def start_now(  # noqa: PLR0913, PLR0917 - the facts of one request
+    conn: HttpConn,
+    head: RequestHead,
+    plan: Plan,
+    target: Target,
+    t0: float,
+    body: list[bytes | memoryview],
+) -> bool:
+    """Open `head` upgraded from the client's callbacks (rule 6), with its whole `body`;
+    False, with nothing done, when it may not be upgraded, its lane has no established
+    connection, or that connection cannot send the body at once."""
     pool = target.h2
-    if pool is None or head.framing is not Framing.NONE or not origproto.upgradable(head):
+    if pool is None or not origproto.upgradable(head):
         return False
     headers = conn.h2_memo.headers_for(head, target)
     if headers is None:
         return False
-    stream = pool.stream_now(lane_key(conn, target, pool), headers, end=True)
+    data = b"".join(body) if body else b""
+    stream = pool.stream_now(lane_key(conn, target, pool), headers, end=True, body=data)
     if stream is None:
         return False
     fast = UpExchange(conn, stream, head, plan, target, t0)
@@ -284,7 +299,7 @@ def start_now(conn: HttpConn, head: RequestHead, plan: Plan, target: Target, t0:
 
 
 class UpExchange:
-    """A bodiless request upgraded in callbacks (rule 6): the client connection's callback
+    """A request upgraded in callbacks (rule 6): the client connection's callback
     exchange while its stream's response comes."""
 
     __slots__ = (

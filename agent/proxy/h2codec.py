@@ -112,6 +112,11 @@ class H2Codec(Receiver):
         if end:
             self._local_end(sid, st)
 
+    def new_stream_window(self) -> int:
+        """What a stream opened now may send in one DATA frame (rule 3): its initial
+        window, the connection's, one frame's size."""
+        return min(self._peer_window, self._send_conn, self.max_outbound_frame_size)
+
     def window(self, sid: int) -> int:
         """What may be sent on `sid` now (rule 3).
 

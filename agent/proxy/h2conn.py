@@ -369,17 +369,28 @@ class H2Conn(asyncio.Protocol):
             return False
         return len(self.streams) < self.h2.remote_max_streams
 
-    def open_stream(self, headers: H2Headers, *, end: bool) -> H2Stream:
-        """Start a request stream.
+    def takes_body(self, size: int) -> bool:
+        """Whether a stream opened now can send a body of `size` bytes with its HEADERS
+        (`open_stream`'s `body`): one DATA frame within the windows, and no write
+        (`takes_now`)."""
+        return size <= self.h2.new_stream_window() and self.takes_now(size)
+
+    def open_stream(self, headers: H2Headers, *, end: bool, body: bytes = b"") -> H2Stream:
+        """Start a request stream; `body`, when given, follows the HEADERS as one DATA
+        frame in the same write (`end` then ends the stream on it). The caller checked
+        `takes_body`.
 
         Raises:
             StreamGoneError: the connection cannot take it any more.
         """
         try:
-            sid = self.h2.open_stream(h2msg.protect(headers), end=end)
+            sid = self.h2.open_stream(h2msg.protect(headers), end=end and not body)
+            if body:
+                self.h2.send_data(sid, body, end=end)
         except (H2StreamClosedError, H2ConnectionError) as exc:
             self.going_away = True
             raise StreamGoneError(ErrorCode.REFUSED_STREAM) from exc
+        self._queued += len(body)
         stream = H2Stream(self, sid)
         self.streams[sid] = stream
         stream.local_ended = end

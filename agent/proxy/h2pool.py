@@ -88,9 +88,12 @@ class H2Pool:
                 continue
         raise UpstreamError(str(key), "upstream h2 connections refuse new streams")
 
-    def stream_now(self, key: Hashable, headers: H2Headers, *, end: bool) -> H2Stream | None:
+    def stream_now(
+        self, key: Hashable, headers: H2Headers, *, end: bool, body: bytes = b""
+    ) -> H2Stream | None:
         """`stream` without waiting: a new request stream on an established connection to
-        `key` that can take one; None when there is none (or it refused)."""
+        `key` that can take one, with its whole `body` when given (`H2Conn.open_stream`);
+        None when there is none, it refused, or the body does not go at once."""
         if key is self._last_key:
             conns = self._last_conns
         else:
@@ -100,8 +103,10 @@ class H2Pool:
             self._last_key, self._last_conns = key, conns
         for conn in conns or ():
             if conn.usable:
+                if body and not conn.takes_body(len(body)):
+                    return None
                 try:
-                    return conn.open_stream(headers, end=end)
+                    return conn.open_stream(headers, end=end, body=body)
                 except StreamGoneError:
                     return None
         return None

@@ -4,9 +4,9 @@ connections' callbacks when nothing in it waits, else in a task.
 Rules:
 1. A stream is served in callbacks (a `Relay`) when its router decides at once
    (`StreamRouter.route_now`), it goes on over h2, its route has no timeout, and an
-   established upstream connection takes it (`H2Pool.stream_now`). (A bodiless stream
-   an inbound gives its app as HTTP/1 is served in callbacks by agent.proxy.h2toh1's
-   `serve_now` when an app connection is idle.)
+   established upstream connection takes it (`H2Pool.stream_now`). (A stream an
+   inbound gives its app as HTTP/1 is served in callbacks by agent.proxy.h2toh1's
+   `serve_now` when it arrived whole and an app connection is idle.)
    Its request goes upstream from the client connection's `data_received`, its
    response back from the upstream's; a DATA frame is passed on when the window and the
    connection take it at once (`send_data_now`), then acknowledged to its sender.

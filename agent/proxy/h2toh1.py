@@ -28,9 +28,11 @@ Rules:
    HTTP/2 path does; after it, the stream is reset and the app connection
    dropped. The app connection goes back to the pool only after a complete,
    keep-alive exchange.
-5. In callbacks (`serve_now`, called by agent.proxy.h2serve): a bodiless stream
-   with an idle pooled app connection is held for the app (agent.proxy.writes: the
-   streams of one read of the lane reach the app in one system call), and its
+5. In callbacks (`serve_now`, called by agent.proxy.h2serve): a stream that is
+   bodiless, or whose body (up to `JOIN_BYTES`) and end came in the read its head came
+   in, with an idle pooled app connection is held for the app, head and body in one
+   write (agent.proxy.writes: the streams of one read of the lane reach the app in one
+   system call), and its
    response answered from the app connection's callbacks (`DownExchange`, the
    connection's exchange) when it ends in the read its head came in; a response
    still arriving goes on in a task (`rest`) with what came so far, as does a
@@ -142,9 +144,12 @@ class Downgrade:
         t0: float,
         starter: Starter,
     ) -> bool:
-        """`serve` in callbacks (rule 5): False, with nothing done, when the stream has a
-        body or no app connection is idle."""
-        if not down.bodiless:
+        """`serve` in callbacks (rule 5): False, with nothing done, when the stream's body
+        has not all arrived (or is past `JOIN_BYTES`) or no app connection is idle."""
+        bodiless = down.bodiless
+        if not bodiless and not (
+            down.remote_ended and down.gone is None and down.queued_bytes() <= JOIN_BYTES
+        ):
             return False
         up = self.pool.take(self.key)
         if up is None:
@@ -152,9 +157,16 @@ class Downgrade:
         conn = cast("UpstreamConn", up)
         tr = conn.transport
         assert tr is not None  # noqa: S101 - pooled connections are connected
+        head, chunked = request.head_bytes(end=bodiless)
+        if bodiless:
+            down.drop_end()
+        else:
+            parts = [head]
+            # whole (checked above): the body and its end are queued, so this takes all
+            origproto.take_body(down, parts, chunked=chunked, limit=JOIN_BYTES + 1)
+            head = b"".join(parts)
         conn.begin_with(DownExchange(self, down, conn, t0, starter), request.method)
-        self.batch.hold(tr, request.head_bytes(end=True)[0])  # agent.proxy.writes
-        down.drop_end()
+        self.batch.hold(tr, head)  # agent.proxy.writes
         return True
 
     def headers_for(self, resp: ResponseHead) -> h2msg.H2Headers:
@@ -261,7 +273,7 @@ class Downgrade:
 
 
 class DownExchange:
-    """A bodiless upgraded stream's exchange with the app, in callbacks (rule 5): the app
+    """An upgraded stream's exchange with the app, in callbacks (rule 5): the app
     connection's exchange, as agent.proxy.h1fast's `CallbackExchange` is."""
 
     __slots__ = (

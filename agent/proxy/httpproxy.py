@@ -39,8 +39,9 @@ Rules:
    from the client's `data_received`, answered from the upstream's, and the
    next queued request is taken from there. The coroutine sleeps meanwhile
    (`parked`) and gets the connection back, with any work already decided
-   (`handoff`), for everything else. A bodiless request upgraded to h2 goes the
-   same way when its lane's h2 connection is up (agent.proxy.h1toh2 rule 6).
+   (`handoff`), for everything else. A request upgraded to h2 goes the same way
+   when its lane's h2 connection is up and takes its body at once (agent.proxy.h1toh2
+   rule 6).
    Both paths keep rules 1-6. A reused connection that fails before any
    response byte hands the request to the coroutine, which sends it again on a
    fresh one (as `_send` does).
@@ -381,9 +382,11 @@ class HttpConn:
         self, head: RequestHead, plan: Plan, target: Target, t0: float, n: int
     ) -> bool:
         """`_start` for a target whose inbound takes HTTP/1 upgraded to h2."""
-        if n <= 1 and h1toh2.start_now(self, head, plan, target, t0):
-            self._drop(n)
+        body = self._drop(n)
+        if h1toh2.start_now(self, head, plan, target, t0, body):
             return True
+        if n:
+            self.down.push_front(body)  # queued again, for the coroutine
         self._hand_off(Handoff(head, t0, plan, target), n)
         return False
 

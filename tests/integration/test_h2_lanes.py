@@ -190,3 +190,33 @@ def test_plain_h2_writes_each_batch_once_at_the_end_of_the_iteration(run):
             assert await _statuses(ups) == [b"200"] * STREAMS
 
     run(body)
+
+
+def test_a_stream_opened_with_its_body_leaves_headers_and_data_in_one_write(run, contexts):
+    # h2conn `open_stream(body=...)` (agent.proxy.h1toh2 rule 6): the HEADERS and one DATA
+    # frame with END_STREAM go in the lane's one early write; the peer gets them together.
+    post = [(b":method", b"POST"), *HEAD[1:]]
+    payload = b"p" * 1024
+
+    async def body() -> None:
+        async with _connected(contexts) as (client, server):
+            await asyncio.sleep(0.05)  # the settings exchange is over
+            assert client.takes_body(len(payload))
+            assert not client.takes_body(client.h2.max_outbound_frame_size + 1)  # one frame
+            assert client.transport is not None
+            spy = _Spy(client.transport)
+            client.transport = spy  # type: ignore[assignment]
+            spy.handled = 1
+            up = client.open_stream(post, end=True, body=payload)
+            assert up.local_ended
+            assert spy.at == [1]  # one write, before the loop iteration ended
+            [down] = await _incoming(server, 1)
+            assert down.remote_ended  # the end came in the read the head came in
+            assert down.queued_bytes() == len(payload)
+            got = down.next_now()
+            assert got is not None
+            assert getattr(got, "data", None) == payload
+            down.send_headers(OK, end=True)
+            assert await _statuses([up]) == [b"200"]
+
+    run(body)

@@ -536,10 +536,11 @@ MARK = [(b"l5d-orig-proto", b"HTTP/1.1")]
 
 
 def test_marked_streams_go_to_the_http1_app_relayed_when_an_app_connection_is_idle(path):
-    """h2toh1 rule 5: a bodiless marked stream with an idle app connection is answered
-    in callbacks, whatever the response's shape (whole, chunked with a trailer, still
-    arriving, too big for one frame) or the app's end (closed: 502); one that finds no
-    idle connection, or has a body, goes the coroutine way."""
+    """h2toh1 rule 5: a marked stream that arrived whole (bodiless, or its body and end
+    in the read of its head) with an idle app connection is answered in callbacks,
+    whatever the response's shape (whole, chunked with a trailer, still arriving, too
+    big for one frame) or the app's end (closed: 502); one that finds no idle
+    connection goes the coroutine way."""
 
     async def main() -> None:
         async with Rig() as rig:
@@ -552,7 +553,7 @@ def test_marked_streams_go_to_the_http1_app_relayed_when_an_app_connection_is_id
                     r = client.request(p, extra=MARK)
                     await _wait(r)
                     got.append(r)
-                body = client.request(b"/small", b"up", extra=MARK)  # a body: a task
+                body = client.request(b"/small", b"up", extra=MARK)  # a whole body
                 await _wait(body)
                 many = [client.request(b"/small", extra=MARK) for _ in range(10)]
                 await _wait(*many)
@@ -579,9 +580,9 @@ def test_marked_streams_go_to_the_http1_app_relayed_when_an_app_connection_is_id
     # The app's connections: one, a new one after /close, and some for the ten at once.
     assert conns >= 2
     # Relayed: each of the nine but the first (no idle app connection yet) and the one
-    # after /close (it aborted its connection), and of the ten the one that found the
-    # idle connection; not the one with a body.
-    assert starter.relayed == (7 + 1 if path == "callbacks" else 0)
+    # after /close (it aborted its connection), the one with a body, and of the ten the
+    # one that found the idle connection.
+    assert starter.relayed == (7 + 1 + 1 if path == "callbacks" else 0)
 
 
 def test_eight_mib_both_ways_cross_the_proxy_byte_exact_under_flow_control():

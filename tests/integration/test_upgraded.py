@@ -465,10 +465,13 @@ def test_auto_keeps_joining_a_busy_lane_while_http1_connections_are_idle(run: Ru
 
 
 def test_posts_go_upgraded_with_their_bodies_and_their_answers_come_back_whole(run: Run) -> None:
-    # A request with a body is served by the connection's coroutine: its body reaches the
-    # app with its head (h2toh1 rule 2), and an answer that came whole is held for the
-    # batch (h1toh2 rule 2); one larger than WHOLE_BYTES streams as before.
+    # A request whose body came whole goes upgraded in callbacks on both proxies (h1toh2
+    # rule 6, h2toh1 rule 5), once the lane and an app connection are up: the body leaves
+    # with the HEADERS and reaches the app with its head. A body one DATA frame cannot
+    # carry goes on the coroutines. An answer that came whole is held for the batch
+    # (h1toh2 rule 2); one larger than WHOLE_BYTES streams as before.
     big = b"b" * (h1toh2.WHOLE_BYTES + 1)
+    frame = 16384  # the peer's SETTINGS_MAX_FRAME_SIZE (h2's default)
 
     def script(path: bytes) -> bytes:
         return _ok(big) if path == b"/big" else _ok(path)
@@ -477,8 +480,10 @@ def test_posts_go_upgraded_with_their_bodies_and_their_answers_come_back_whole(r
         async with _world(script) as world:
             assert world.outbound is not None
             reader, writer = await asyncio.open_connection(HOST, world.port)
-            for n, path in enumerate((b"/p1", b"/p2", b"/big", b"/p3")):
-                payload = b"%d" % n * (1000 + n)
+            sizes = {b"/p1": 1000, b"/p2": 1001, b"/big": 1002, b"/p3": frame, b"/p4": frame + 1}
+            callbacks = []
+            for n, (path, size) in enumerate(sizes.items()):
+                payload = bytes([48 + n]) * size
                 writer.write(
                     b"POST %s HTTP/1.1\r\nHost: web\r\nContent-Length: %d\r\n\r\n%s"
                     % (path, len(payload), payload)
@@ -488,8 +493,14 @@ def test_posts_go_upgraded_with_their_bodies_and_their_answers_come_back_whole(r
                 head, sent = world.up.seen[-1]
                 assert head.startswith(b"POST " + path)
                 assert sent == payload
+                (starter,) = world.starters()
+                callbacks.append((world.conns[0].callback_requests, starter.relayed))
             assert world.outbound.h2.opened == 1  # every one upgraded, on one lane
-            assert world.conns[0].callback_requests == 0  # bodies: the coroutine's
+            # The first opened the lane and the app connection (coroutines). /p4's body is
+            # past one frame: the outbound's coroutine sends it (the inbound takes it in
+            # callbacks or not, as its two frames come in one read or two).
+            assert callbacks[:4] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+            assert callbacks[4][0] == 3
             writer.close()
             await writer.wait_closed()
 
