@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
+SATURATING = ("http1-saturate", "http1-post-saturate", "h2-saturate")  # warmed up first
 RATE_CONNECTIONS = 16
 SATURATE_CONNECTIONS = 64
 POST_BODY_BYTES = 1024  # http1-post-saturate's request bodies

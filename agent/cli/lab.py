@@ -21,7 +21,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from agent.cli import add_verbs, arg_type, emit, flag_or_env, output_flag
-from agent.config import parse_positive_seconds
+from agent.config import parse_positive_seconds, parse_seconds
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -155,6 +155,12 @@ def register_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help=f"seconds per load (30, 1.5, 500ms, 2m); env {ENV_DURATION}",
     )
     parser.add_argument(
+        "--warmup",
+        metavar="S",
+        help="unmeasured seconds before each load: the rate loads' generator warms up, a "
+        "saturating load runs once first when 1 s or more (default 2, --quick 0.3; 0: none)",
+    )
+    parser.add_argument(
         "--out", metavar="DIR", help="write bench.json and bench.png here (made before the run)"
     )
     parser.add_argument(
@@ -220,6 +226,22 @@ def _bench_duration(args: argparse.Namespace) -> float | None:
         return parse_positive_seconds(raw)
     except ValueError as exc:
         raise SettingError(source, raw, str(exc)) from None
+
+
+def _bench_warmup(args: argparse.Namespace) -> float | None:
+    """`--warmup` in seconds; None: the run's default.
+
+    Raises:
+        SettingError: not a duration (0 or more).
+    """
+    from agent.errors import SettingError  # noqa: PLC0415
+
+    if args.warmup is None:
+        return None
+    try:
+        return parse_seconds(args.warmup)
+    except ValueError as exc:
+        raise SettingError("--warmup", args.warmup, str(exc)) from None
 
 
 def _make_out(out: Path) -> None:
@@ -288,6 +310,7 @@ def _bench(args: argparse.Namespace) -> int:
             setups_=args.setups,
             loads_=args.loads,
             duration_s=_bench_duration(args),
+            warmup_s=_bench_warmup(args),
             profile_dir=(out / "profile").resolve() if args.profile else None,
             interp_dir=(out / "interp").resolve() if args.interp else None,
             icount_dir=(out / "icount").resolve() if args.icount else None,

@@ -28,6 +28,15 @@ def test_a_bad_duration_is_refused_naming_the_flag_and_value(tmp_path, capsys, v
     assert f"meshagent: error: --duration={value!r}: {why}" in err
 
 
+@pytest.mark.parametrize(
+    ("value", "why"), [("-1", "duration must not be negative"), ("abc", "not a duration")]
+)
+def test_a_bad_warmup_is_refused_naming_the_flag_and_value(tmp_path, capsys, value, why):
+    assert _bench("--out", str(tmp_path), "--warmup", value) == 2
+    err = capsys.readouterr().err
+    assert f"meshagent: error: --warmup={value!r}: {why}" in err
+
+
 def test_a_bad_variable_is_refused_by_its_name(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv(lab.ENV_DURATION, "soon")
     assert _bench("--out", str(tmp_path)) == 2
