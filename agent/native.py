@@ -22,7 +22,10 @@ Rules:
    build elsewhere (an image's read-only layer, one per checkout).
 4. A build that fails removes the previous build (plain Python from then on) and
    raises `NativeBuildError` with the compiler's last output; a build that is current
-   is not redone.
+   is not redone. Builds of one directory take turns (a lock file beside it): two at
+   once each removed the directory when they began and moved theirs in when they
+   ended, so the second nested its build inside the first's and stamped the first's
+   modules, made from older sources, as current (fifty-third pass).
 5. A dataclass in a compiled module is a native class whose `__init__` is still the one
    `dataclasses` writes, run by the interpreter: 1.8 us for three keyword fields
    against 0.3 us for an `__init__` compiled with the class. Classes made per
@@ -68,6 +71,8 @@ Rules:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -75,7 +80,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 from agent.errors import AgentError
 
@@ -197,6 +205,16 @@ def activate(package_path: list[str], package: str, build_dir: Path = BUILD_DIR)
     return now
 
 
+@contextlib.contextmanager
+def _turn(build_dir: Path) -> Iterator[None]:
+    """Hold `build_dir`'s build lock (rule 4): one build of it at a time."""
+    lock = build_dir.parent / f".{build_dir.name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def build(
     build_dir: Path = BUILD_DIR, *, package_dir: Path = PACKAGE_DIR, force: bool = False
 ) -> bool:
@@ -205,6 +223,11 @@ def build(
     Raises:
         NativeBuildError: mypyc or the C compiler failed; `build_dir` is then gone.
     """
+    with _turn(build_dir):
+        return _build(build_dir, package_dir, force=force)
+
+
+def _build(build_dir: Path, package_dir: Path, *, force: bool) -> bool:
     want = digest(package_dir)
     if not force and _stamp(build_dir) == want:
         return False
@@ -244,6 +267,7 @@ def build(
         missing = [f"{pkg}.{m}" for pkg, m in MODULES if not list((staged / pkg).glob(f"{m}.*.so"))]
         if missing:
             raise NativeBuildError(f"mypyc build made no extension for {', '.join(missing)}")
+        shutil.rmtree(build_dir, ignore_errors=True)  # whatever is there now: not into it
         shutil.move(staged, build_dir)
     (build_dir / STAMP).write_text(want + "\n")  # last: a build cut short has no stamp
     return True

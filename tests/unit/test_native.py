@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 import shutil
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -100,6 +102,41 @@ def test_a_current_build_is_not_redone(tmp_path, package):
     build.mkdir()
     (build / native.STAMP).write_text(native.digest(package) + "\n")
     assert native.build(build, package_dir=package) is False
+
+
+def test_a_build_waits_for_the_one_under_way(tmp_path, package):
+    # Rule 4: builds of one directory take turns. Another process holds the lock for
+    # 0.5 s; a build that finds the directory current still waits its turn first.
+    build = tmp_path / "native"
+    build.mkdir()
+    (build / native.STAMP).write_text(native.digest(package) + "\n")
+    lock = tmp_path / ".native.lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import fcntl, sys, time\n"
+                f"f = open({str(lock)!r}, 'a')\n"
+                "fcntl.flock(f, fcntl.LOCK_EX)\n"
+                "print('held', flush=True)\n"
+                "time.sleep(0.5)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
+        t0 = time.monotonic()
+        assert native.build(build, package_dir=package) is False
+        assert time.monotonic() - t0 >= 0.3  # it waited for the holder
+        assert holder.wait(5) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
 
 
 def _fixed_tuple(annotation: ast.expr) -> bool:
