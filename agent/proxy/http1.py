@@ -489,33 +489,40 @@ class RequestParser(_Parser):
     def __init__(self, *, decode_chunked: bool = False, max_head: int = MAX_HEAD_BYTES) -> None:
         super().__init__(decode_chunked=decode_chunked, max_head=max_head)
         self._switching = False  # the current request asks to upgrade or CONNECT
-        # The last head `whole` returned and the bytes it came in: a client repeating its
-        # request is answered by one comparison (no search, slice or hash).
+        # The last head `whole` returned and its bytes with the blank line: a client
+        # repeating its request is answered by one comparison (no search, slice or hash).
         self._last: RequestHead | None = None
         self._last_block = b""
 
     def whole(self, data: Input) -> RequestHead | None:
-        """The head when `data` is exactly one bodiless request whose head was parsed before.
+        """The head when `data` is exactly one whole request whose head was parsed before.
 
-        The parser moves past it. None otherwise, with nothing consumed: `feed` the data.
+        "Whole": without a body, or with all of its Content-Length body here (a POST's
+        usual read), not asking to switch protocols. The parser moves past it; the body
+        is `data[len(head.raw) + 4:]` (`whole_request_events`). None otherwise, with nothing
+        consumed: `feed` the data.
         """
         if self._state is not _S.HEAD or self._stash or type(data) is not bytes:
             return None
         hit = self._last
-        if hit is None or data != self._last_block:
+        block = self._last_block
+        if hit is None or not data.startswith(block):
             idx = data.find(b"\r\n\r\n")
-            if idx <= 0 or idx > self.max_head or idx + 4 != len(data):
+            if idx <= 0 or idx > self.max_head:
                 return None
             hit = _REQUEST_HEADS.get(data[:idx])
-            if (
-                hit is None
-                or hit.framing is not Framing.NONE
-                or hit.upgrade is not None
-                or hit.method == b"CONNECT"
-            ):
+            if hit is None or hit.upgrade is not None or hit.method == b"CONNECT":
                 return None
+            block = data if idx + 4 == len(data) else data[: idx + 4]
             self._last = hit
-            self._last_block = data
+            self._last_block = block
+        rest = len(data) - len(block)
+        framing = hit.framing
+        if not (
+            (framing is Framing.NONE and rest == 0)
+            or (framing is Framing.CONTENT_LENGTH and rest == hit.content_length)
+        ):
+            return None
         keep = hit.keep_alive
         self._keep_alive = keep
         self._switching = False
@@ -525,9 +532,10 @@ class RequestParser(_Parser):
 
     def feed(self, data: Input) -> list[Event]:
         """Parse more input; returns the events it completes. Never raises."""
-        hit = self.whole(data)
-        if hit is not None:
-            return [hit, END]
+        if type(data) is bytes:
+            hit = self.whole(data)
+            if hit is not None:
+                return whole_request_events(hit, data)
         return super().feed(data)
 
     def upgrade_accepted(self) -> bytes:
@@ -777,7 +785,15 @@ class ResponseParser(_Parser):
 
 def whole_events(head: ResponseHead, data: bytes) -> list[Event]:
     """The events of a whole response `data` that `ResponseParser.whole` returned `head` for."""
-    end = len(head.raw) + 4
+    return _whole(head, len(head.raw) + 4, data)
+
+
+def whole_request_events(head: RequestHead, data: bytes) -> list[Event]:
+    """The events of a whole request `data` that `RequestParser.whole` returned `head` for."""
+    return _whole(head, len(head.raw) + 4, data)
+
+
+def _whole(head: Event, end: int, data: bytes) -> list[Event]:
     if len(data) > end:
         return [head, BodyData(memoryview(data)[end:]), END]
     return [head, END]

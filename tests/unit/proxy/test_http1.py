@@ -555,7 +555,7 @@ def test_request_head_keeps_its_bytes_as_received_also_when_cached():
         assert head.raw == block.removesuffix(b"\r\n")
 
 
-def test_request_whole_takes_only_a_lone_cached_bodiless_request() -> None:
+def test_request_whole_takes_only_a_lone_cached_request_with_all_of_its_body() -> None:
     post = b"POST /w HTTP/1.1\r\nHost: whole.test\r\nContent-Length: 2\r\n\r\nhi"
     get = b"GET /whole HTTP/1.1\r\nHost: whole.test\r\n\r\n"
     parser = RequestParser()
@@ -566,8 +566,29 @@ def test_request_whole_takes_only_a_lone_cached_bodiless_request() -> None:
     assert parser.state == "head"
     assert parser.whole(get + get) is None  # more than one message
     assert parser.whole(get[:-2]) is None  # not all of it
-    parser.feed(post)
-    assert parser.whole(post) is None  # a body
+    assert parser.whole(post) is None  # not seen before
+    posted = parser.feed(post)
+    head = parser.whole(post)  # a body, all of it here
+    assert head is posted[0]
+    assert post[len(head.raw) + 4 :] == b"hi"  # where the body starts
+    assert parser.whole(post[:-1]) is None  # not all of the body
+    assert parser.whole(post + b"x") is None  # more than the body
+    assert parser.whole(post + get) is None  # and the next request
+    # Its events are the full parser's, the body a view of what was read.
+    fast = parser.feed(post)
+    assert [type(e) for e in fast] == [RequestHead, BodyData, MessageEnd]
+    assert fast[0] is head
+    assert _bytes(fast[1]) == b"hi"
+    empty = b"POST /w HTTP/1.1\r\nHost: whole.test\r\nContent-Length: 0\r\n\r\n"
+    parser.feed(empty)
+    assert [type(e) for e in parser.feed(empty)] == [RequestHead, MessageEnd]
+    chunked = b"POST /w HTTP/1.1\r\nHost: whole.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunked += b"2\r\nhi\r\n0\r\n\r\n"
+    parser.feed(chunked)
+    assert parser.whole(chunked) is None  # chunked: the full parser's
+    connect = b"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n"
+    RequestParser().feed(connect)
+    assert RequestParser().whole(connect) is None  # may switch protocols: never
     # What `whole` declined is still parsed in full by `feed`, in order.
     events = parser.feed(get + get[:10])
     assert [type(e) for e in events] == [RequestHead, MessageEnd]
