@@ -880,6 +880,9 @@ async def test_http1_to_an_endpoint_hinted_h2_crosses_upgraded_and_answers_as_ht
         assert json.loads(body) == seen
         assert h1msg.get_header(head.headers, b"l5d-orig-proto") is None
         assert head.content_length == len(body)
+        for n in (1, 1024, 16_384):  # whole: in callbacks on both nodes once the lane is up
+            status, _, body = await c.request("/small-post", body=b"p" * n, method=b"POST")
+            assert (status, json.loads(body)) == (200, {**seen, "len": n})
         big = secrets.token_bytes(200_000)  # past the stream's window: flow control both ways
         status, _, body = await c.request("/post", body=big, method=b"POST")
         assert (status, json.loads(body)["len"]) == (200, len(big))
