@@ -227,7 +227,7 @@ def _whole_out(conn: HttpConn, stream: H2Stream, out: bytes, *, chunked: bool) -
     """Hold the response `out` begins for the batch when the rest of it is queued on
     `stream` and at most `WHOLE_BYTES` (rule 2): as the callbacks' responses are, so the
     responses of one read of the lane leave in one system call, not one write each."""
-    if not stream.remote_ended or stream.gone is not None or stream.queued_bytes() > WHOLE_BYTES:
+    if not stream.whole_within(WHOLE_BYTES):
         return False
     parts = [out]
     if not origproto.take_body(stream, parts, chunked=chunked, limit=WHOLE_BYTES + 1):

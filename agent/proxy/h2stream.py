@@ -206,6 +206,11 @@ class H2Stream:
                 size += len(item.data)
         return size
 
+    def whole_within(self, limit: int) -> bool:
+        """Whether the rest of what the peer sends is queued (its side ended, no reset),
+        with at most `limit` DATA bytes: taken now, it is whole."""
+        return self.remote_ended and self.gone is None and self.queued_bytes() <= limit
+
     def drop_end(self) -> None:
         """Drop the queued end (`peek_end` said it is next)."""
         self._take()

@@ -147,9 +147,7 @@ class Downgrade:
         """`serve` in callbacks (rule 5): False, with nothing done, when the stream's body
         has not all arrived (or is past `JOIN_BYTES`) or no app connection is idle."""
         bodiless = down.bodiless
-        if not bodiless and not (
-            down.remote_ended and down.gone is None and down.queued_bytes() <= JOIN_BYTES
-        ):
+        if not bodiless and not down.whole_within(JOIN_BYTES):
             return False
         up = self.pool.take(self.key)
         if up is None:

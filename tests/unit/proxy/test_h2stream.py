@@ -39,6 +39,20 @@ async def test_queued_bytes_counts_the_data_not_taken_yet(stream):
     assert stream.queued_bytes() == 0
 
 
+async def test_whole_within_needs_the_end_queued_no_reset_and_the_data_under_the_limit(stream):
+    stream.push(Data(b"abc", 3))
+    assert not stream.whole_within(10)  # the end has not come
+    stream.push(Data(b"de", 2))
+    stream.push(END)
+    assert stream.whole_within(5)
+    assert not stream.whole_within(4)  # more DATA than the limit
+    reset = H2Stream(H2Conn(client_side=True), 3)
+    reset.push(END)
+    assert reset.whole_within(0)
+    reset.gone = 8  # reset (CANCEL)
+    assert not reset.whole_within(0)
+
+
 async def test_an_item_put_back_comes_out_first_again(stream):
     data, trailers = Data(b"a", 1), Trailers([(b"grpc-status", b"0")])
     stream.push(data)
