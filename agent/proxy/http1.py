@@ -516,12 +516,7 @@ class RequestParser(_Parser):
             block = data if idx + 4 == len(data) else data[: idx + 4]
             self._last = hit
             self._last_block = block
-        rest = len(data) - len(block)
-        framing = hit.framing
-        if not (
-            (framing is Framing.NONE and rest == 0)
-            or (framing is Framing.CONTENT_LENGTH and rest == hit.content_length)
-        ):
+        if not _body_all_here(hit.framing, hit.content_length, len(data) - len(block)):
             return None
         keep = hit.keep_alive
         self._keep_alive = keep
@@ -685,12 +680,7 @@ class ResponseParser(_Parser):
             self._last = hit
             self._last_is_head = request.is_head
             self._last_block = data[: idx + 4]
-        rest = len(data) - idx - 4
-        framing = hit.framing
-        if not (
-            (framing is Framing.NONE and rest == 0)
-            or (framing is Framing.CONTENT_LENGTH and rest == hit.content_length)
-        ):
+        if not _body_all_here(hit.framing, hit.content_length, len(data) - idx - 4):
             return None
         pending.popleft()
         keep = hit.keep_alive
@@ -781,6 +771,14 @@ class ResponseParser(_Parser):
             content_length=content_length,
             raw=block,
         )
+
+
+def _body_all_here(framing: Framing, length: int | None, rest: int) -> bool:
+    """Whether the `rest` bytes after a head are exactly its message's body (`whole`):
+    none without a body, all `length` of a Content-Length one."""
+    if framing is Framing.NONE:
+        return rest == 0
+    return framing is Framing.CONTENT_LENGTH and rest == length
 
 
 def whole_events(head: ResponseHead, data: bytes) -> list[Event]:
