@@ -518,7 +518,12 @@ async def handle(conn: Conn) -> None:
     sniff_s = OPAQUE_SNIFF_TIMEOUT_S if opaque else TLS_SNIFF_TIMEOUT_S
     transport: asyncio.Transport = conn.transport
     sni, prefix, eof = await read_prefix(
-        transport, bytes(conn.held.prefix), eof=conn.held.eof, decide=_sniff_tls, timeout=sniff_s
+        transport,
+        bytes(conn.held.prefix),
+        eof=conn.held.eof,
+        decide=_sniff_tls,
+        timeout=sniff_s,
+        loop=conn.loop,
     )
     client_ip = parse_ip(conn.peer[0])
     identity: str | None = None
@@ -597,7 +602,12 @@ async def _serve(  # noqa: PLR0913 - the facts of one connection
         # (l5d-orig-proto, agent.proxy.h2toh1): whether it did, the first bytes say.
         if proto is None or (proto is Protocol.HTTP1 and facts.tls):
             found, prefix, eof = await read_prefix(
-                transport, prefix, eof=eof, decide=_detect, timeout=policy.detect_timeout_s
+                transport,
+                prefix,
+                eof=eof,
+                decide=_detect,
+                timeout=policy.detect_timeout_s,
+                loop=conn.loop,
             )
             if proto is None or found is Protocol.HTTP2:
                 proto = found

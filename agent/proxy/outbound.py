@@ -572,7 +572,12 @@ async def handle(conn: Conn) -> None:
     proto: Protocol | None = Protocol.OPAQUE
     if not opaque:
         proto, prefix, eof = await read_prefix(
-            conn.transport, prefix, eof=eof, decide=_detect, timeout=DETECT_TIMEOUT_S
+            conn.transport,
+            prefix,
+            eof=eof,
+            decide=_detect,
+            timeout=DETECT_TIMEOUT_S,
+            loop=conn.loop,
         )
     if proto is Protocol.HTTP1:
         router = OutboundRouter(conn, src, key, dst)

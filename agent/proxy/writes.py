@@ -116,6 +116,10 @@ class WriteBatch:
         if lane:
             self.lane = True
 
+    def loop_is(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """Whether this is `loop`'s batch (and `loop` still lives)."""
+        return self._loop() is loop
+
     def _schedule(self) -> None:
         loop = self._loop()
         if loop is None:
@@ -227,9 +231,28 @@ _BATCHES: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, WriteBatch]
 )
 
 
+class _Last:
+    """The batch `batch_for` answered last: a worker has one loop, and every new
+    connection asks (the weak dictionary's `get` was an interpreted call each time).
+    Held strongly, the batch holds its loop weakly, so the loop still goes when its
+    last user does (at most one idle batch waits here for the next loop's first ask)."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self) -> None:
+        self.batch: WriteBatch | None = None
+
+
+_LAST: Final = _Last()
+
+
 def batch_for(loop: asyncio.AbstractEventLoop) -> WriteBatch:
     """`loop`'s write batch (made on first use; it goes with the loop)."""
+    batch = _LAST.batch
+    if batch is not None and batch.loop_is(loop):
+        return batch
     batch = _BATCHES.get(loop)
     if batch is None:
         batch = _BATCHES[loop] = WriteBatch(loop)
+    _LAST.batch = batch
     return batch
