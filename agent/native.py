@@ -98,6 +98,7 @@ GROUP = "meshagent_native"
 # (rule 2):
 # (package under agent/, module).
 MODULES = (
+    ("proxy", "accept"),
     ("proxy", "accrual"),
     ("proxy", "balance"),
     ("proxy", "detect"),

@@ -54,8 +54,9 @@ from agent.proxy.state import POD, POD_IP, PodInfo
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from agent.proxy.accept import Conn
     from agent.proxy.record import Labels
-    from agent.proxy.worker import Conn, Worker
+    from agent.proxy.worker import Worker
 
 SVC_AUTHORITY: Final = re.compile(r"^([^.]+)\.([^.]+)\.svc\.[^:]*:(\d+)$")
 _TLS_LOOPBACK: Final = Tls.no_identity("loopback")  # an outbound connection's, made once
@@ -280,10 +281,10 @@ def _orig_dst(conn: Conn | None) -> tuple[str, int] | None:
         return None
     if conn.target is not None:  # the handler asked already: no interpreted call
         return conn.target
-    from agent.proxy import worker as worker_mod  # noqa: PLC0415 - in the worker only
+    from agent.proxy import accept  # noqa: PLC0415 - in the worker only
 
     try:
-        return worker_mod.target_of(conn)
+        return accept.target_of(conn)
     except Exception:  # noqa: BLE001 - a label is not worth failing for
         return None
 

@@ -62,8 +62,9 @@ from agent.proxy import record
 
 if TYPE_CHECKING:
     from agent.admin.metrics import WorkerMetrics
+    from agent.proxy.accept import Conn
     from agent.proxy.record import Labels
-    from agent.proxy.worker import Conn, Worker
+    from agent.proxy.worker import Worker
 
 logger = logging.getLogger(__name__)
 

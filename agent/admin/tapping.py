@@ -31,8 +31,9 @@ from agent.proxy.state import POD_IP
 
 if TYPE_CHECKING:
     from agent.admin.metrics import WorkerMetrics
+    from agent.proxy.accept import Conn
     from agent.proxy.record import Labels
-    from agent.proxy.worker import Conn, Worker
+    from agent.proxy.worker import Worker
 
 TAP_RING: Final = 1024
 TAP: Final = "tap"  # state key ("tap",) -> frozenset of pod keys being tapped ("*": all)

@@ -1,6 +1,6 @@
 """Worker plugin that installs the mesh data path: `--plugin agent.proxy.dataplane`.
 
-Importing this module sets `agent.proxy.worker.HANDLERS` for both listener
+Importing this module sets the worker's `HANDLERS` (`agent.proxy.accept`) for both listener
 kinds: outbound (agent.proxy.outbound) and inbound (agent.proxy.inbound), and
 the observability hooks (agent.admin.observe): the metrics recorder, its
 reports to the supervisor every second and at drain, and tap events.
@@ -10,7 +10,7 @@ reports to the supervisor every second and at drain, and tap events.
 from __future__ import annotations
 
 from agent.admin import observe
-from agent.proxy import inbound, outbound, worker
+from agent.proxy import accept, inbound, outbound, worker
 from agent.proxy.listener import ListenerKind
 
 PLUGIN = __name__
@@ -18,8 +18,8 @@ PLUGIN = __name__
 
 def install() -> None:
     """Point the worker's handlers at the data path and add the metrics hooks (idempotent)."""
-    worker.HANDLERS[ListenerKind.OUTBOUND] = outbound.handle
-    worker.HANDLERS[ListenerKind.INBOUND] = inbound.handle
+    accept.HANDLERS[ListenerKind.OUTBOUND] = outbound.handle
+    accept.HANDLERS[ListenerKind.INBOUND] = inbound.handle
     if observe.start not in worker.START_HOOKS:
         worker.START_HOOKS.append(observe.start)
     if observe.final not in worker.DRAIN_HOOKS:

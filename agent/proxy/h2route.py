@@ -45,11 +45,12 @@ if TYPE_CHECKING:
     from collections.abc import Hashable
 
     from agent.policy.authorize import Facts
+    from agent.proxy.accept import Conn
     from agent.proxy.balance import EndpointStats, Handle
     from agent.proxy.model import Route
     from agent.proxy.plane import DstEntry
     from agent.proxy.record import BoundAuthz
-    from agent.proxy.worker import Conn, Worker
+    from agent.proxy.worker import Worker
 
 
 def authorize_stream(

@@ -1,7 +1,7 @@
 """The inbound handler: traffic that reached a pod's inbound listener (B's :4143).
 
 Flow per connection (DESIGN.md "Flows", inbound):
-1. Target port = the original destination port (`worker.resolve_target`:
+1. Target port = the original destination port (`accept.resolve_target`:
    SO_ORIGINAL_DST in iptables mode; in eBPF sk_lookup mode the accepted
    socket's local address). A connection that was not redirected (straight
    to 4143) is refused.
@@ -49,8 +49,7 @@ from agent.errors import AgentError
 from agent.identity.tls import peer_identity
 from agent.policy.authorize import Decision, Facts, IPAddress, authorize, parse_ip
 from agent.policy.model import ProxyProtocol, ServerPolicy
-from agent.proxy import h1msg, h2route, http1, httpproxy, tcp
-from agent.proxy import worker as worker_mod
+from agent.proxy import accept, h1msg, h2route, http1, httpproxy, tcp
 from agent.proxy.detect import NEED_MORE, NeedMore, Protocol, detect, is_tls_client_hello, parse_sni
 from agent.proxy.plane import Guard, Plane, plane_of, read_prefix
 from agent.proxy.record import BoundAuthz, recorder
@@ -62,7 +61,8 @@ if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable, Hashable
 
-    from agent.proxy.worker import Conn, Worker
+    from agent.proxy.accept import Conn
+    from agent.proxy.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -486,9 +486,10 @@ async def _pod(worker: Worker, key: str) -> PodInfo | None:
 def _target_port(conn: Conn) -> int:
     """The original destination port (rule 1): SO_ORIGINAL_DST, else the local port."""
     try:
-        return worker_mod.target_of(conn)[1]
+        return accept.target_of(conn)[1]
     except (OSError, AgentError):
-        return conn.local[1]
+        port: int = conn.local[1]
+        return port
 
 
 def _listener_port(conn: Conn) -> int | None:

@@ -1,7 +1,7 @@
 """The outbound handler: connections pod A's app made, redirected to A's :4140.
 
 Flow per connection (DESIGN.md "Flows", outbound):
-1. Original destination (`worker.resolve_target`) -> `("dst", "ip:port")`
+1. Original destination (`accept.resolve_target`) -> `("dst", "ip:port")`
    from the state, asking the supervisor once (`Need`) and waiting up to
    `DST_WAIT_S`. No answer, or `exists=False` (not a mesh service): a plain
    TCP forward to the original destination from A's netns.
@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from agent.errors import AgentError
 from agent.policy.authorize import Facts, parse_ip
-from agent.proxy import h1msg, h1toh2, h2pool, h2route, http1, httpproxy, inbound
+from agent.proxy import accept, h1msg, h1toh2, h2pool, h2route, http1, httpproxy, inbound
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NeedMore, Protocol, detect
 from agent.proxy.h2pool import H2Pool  # noqa: TC001 - an attribute type of a compiled class
@@ -60,10 +60,11 @@ if TYPE_CHECKING:
     import ssl
     from collections.abc import Hashable
 
+    from agent.proxy.accept import Conn
     from agent.proxy.balance import EndpointStats, Handle
     from agent.proxy.model import Endpoint, Route
     from agent.proxy.record import BoundAuthz
-    from agent.proxy.worker import Conn, Worker
+    from agent.proxy.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -549,7 +550,7 @@ def hop_opener(worker: Worker, hop: _Hop) -> TransportOpener:
 async def handle(conn: Conn) -> None:
     """Serve one connection accepted on a pod's outbound listener (see the module rules)."""
     worker = conn.worker
-    orig = worker_mod.target_of(conn)
+    orig = accept.target_of(conn)
     if orig == conn.local:
         raise worker_mod.ProxyLoopError(conn.listener.listener_id, orig)
     src = worker.state.get((POD, conn.listener.pod))

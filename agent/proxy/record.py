@@ -32,7 +32,7 @@ from typing import Any, Final, Protocol
 
 Labels = dict[str, str]
 
-CONN: Final[ContextVar[Any]] = ContextVar("meshagent_conn", default=None)  # agent.proxy.worker.Conn
+CONN: Final[ContextVar[Any]] = ContextVar("meshagent_conn", default=None)  # agent.proxy.accept.Conn
 REQUEST: Final[ContextVar[Any]] = ContextVar("meshagent_request", default=None)  # see rule 4
 
 

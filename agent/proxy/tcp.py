@@ -41,6 +41,8 @@ import socket
 import struct
 from typing import TYPE_CHECKING, Final, cast
 
+from agent.proxy.accept import Held
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -51,37 +53,6 @@ logger = logging.getLogger(__name__)
 HIGH_WATER = 256 * 1024
 LOW_WATER = 64 * 1024
 _LINGER_RESET: Final = struct.pack("ii", 1, 0)  # close() then sends RST (rule 9)
-
-
-class Held(asyncio.Protocol):
-    """A freshly accepted connection, held until a handler takes its transport over.
-
-    Reading is paused in `connection_made`; uvloop restarts reading right after
-    that callback, so the first chunk that arrives anyway is kept in `prefix`
-    (and reading paused again), and an EOF is kept in `eof`. A handler hands
-    both to whatever protocol takes over (`Relay.attach` does).
-    """
-
-    __slots__ = ("eof", "prefix", "transport")
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.prefix = bytearray()
-        self.eof = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        tr = cast("asyncio.Transport", transport)
-        self.transport = tr
-        tr.pause_reading()
-
-    def data_received(self, data: bytes) -> None:
-        self.prefix += data
-        if self.transport is not None:
-            self.transport.pause_reading()
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        return True  # keep our write side: the handler may still answer
 
 
 def hold(transport: asyncio.Transport, prefix: bytes = b"", *, eof: bool = False) -> Held:

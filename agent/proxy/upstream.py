@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from agent.errors import AgentError, PKIError
 from agent.identity import tls as idtls
-from agent.proxy.tcp import Held, Relay
+from agent.proxy.accept import Held
+from agent.proxy.tcp import Relay
 from agent.proxy.tlsio import TlsHandshakeError, TlsTransport
 
 if TYPE_CHECKING:

@@ -8,21 +8,18 @@ Rules:
    fds, state as `StateUpdate`s. A worker makes no control-plane calls; it
    asks for missing state with `Need` (`WorkerState.want`).
 2. Each accepted connection is paused, wrapped in a `Conn` and given to
-   `HANDLERS[kind]` in its own task. A handler's exception ends that
-   connection only: it is counted, logged once with pod, listener and peer,
-   and never escapes. So the task is made here, not with `aio.spawn`: the worker
-   references it (`Conn.task`, `Worker.conns`) until it ends, and it has no failure
-   left to log. It is an `asyncio.Task` made with its name, not the loop's
-   `create_task`, which names each task "Task-N" (a string formatted) before it sets
-   the name given (0.6 us a connection); no task factory applies to it. The accept path makes no
-   interpreted call it can do without: a new connection pays for every one
-   (bench/RESULTS.md, fortieth pass).
+   `HANDLERS[kind]` in its own task; a handler's exception ends that connection
+   only. That path is `agent.proxy.accept`, compiled: a new connection pays for
+   every interpreted call (bench/RESULTS.md, fortieth and fifty-fourth passes).
+   The worker keeps every connection (`Worker.conns`, its listener's) until its
+   task ends.
 3. `RemoveListener`: stop accepting on it now; its connections get `drain_s`,
    then are reset. `Drain` or SIGTERM: stop accepting everywhere, wait for
    connections up to the deadline, reset the rest, exit 0. SIGINT is ignored
    (the supervisor decides); a closed channel (supervisor gone) drains too.
 4. Extension points, set by modules loaded with `--plugin` (a module name or a
-   `.py` path): `HANDLERS` and `resolve_target`. Both are read per connection.
+   `.py` path): `HANDLERS` (this module's is `agent.proxy.accept.HANDLERS`) and
+   `agent.proxy.accept.resolve_target`. Both are read per connection.
    `START_HOOKS(worker)` run once the channel is up (a returned task is
    cancelled at exit); `DRAIN_HOOKS(worker)` run when draining ends, just
    before the final report (final metrics go out there).
@@ -73,7 +70,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,8 +78,9 @@ from typing import TYPE_CHECKING, Any
 from agent import aio, logs, native
 from agent.config import parse_positive_int
 from agent.errors import AgentError
+from agent.proxy import accept, heap, tcp, uring
 from agent.proxy import channel as ch
-from agent.proxy import heap, record, tcp, uring
+from agent.proxy.accept import HANDLERS, Conn, target_of
 from agent.proxy.listener import LISTEN_BACKLOG, ListenerKind, UpstreamSockets
 from agent.proxy.pool import H2_LANES, H2_UPGRADE_MODES
 from agent.proxy.wstate import WorkerState
@@ -123,120 +121,7 @@ class ListenerInfo:
     netns: str
 
 
-class Conn:
-    """One accepted connection, as handlers see it.
-
-    `transport` has reading paused. A handler takes it over with
-    `transport.set_protocol(...)` and must first feed that protocol what was
-    already read (`held.prefix`, `held.eof`), as `tcp.open_relay` does.
-    """
-
-    __slots__ = (
-        "held",
-        "listener",
-        "local",
-        "loop",
-        "obs",
-        "peer",
-        "relay",
-        "target",
-        "task",
-        "transport",
-        "worker",
-    )
-
-    def __init__(
-        self,
-        worker: Worker,
-        listener: ListenerInfo,
-        held: tcp.Held,
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        assert held.transport is not None  # noqa: S101 - called from connection_made
-        transport = held.transport
-        self.worker = worker
-        # its listener's loop, for handlers: asyncio.get_running_loop() is a getpid() in
-        # CPython 3.11, two per connection (bench/RESULTS.md, forty-fifth pass)
-        self.loop = loop
-        self.listener = listener
-        self.held = held
-        self.transport = transport
-        self.peer: tuple[str, int] = transport.get_extra_info("peername") or ("?", 0)
-        self.local: tuple[str, int] = transport.get_extra_info("sockname") or ("?", 0)
-        self.task: asyncio.Task[None] | None = None
-        self.relay: tcp.Relay | None = None
-        self.obs: Any = None  # the recorder's per-connection record
-        self.target: tuple[str, int] | None = None  # `target_of`'s answer, once asked
-
-    @property
-    def socket(self) -> Any:
-        """The accepted socket (a socket-like object: getsockopt, getsockname...)."""
-        return self.transport.get_extra_info("socket")
-
-    def log_extra(self) -> dict[str, object]:
-        return {
-            "pod": self.listener.pod,
-            "listener": self.listener.listener_id,
-            "peer": f"{self.peer[0]}:{self.peer[1]}",
-        }
-
-
-Handler = Callable[[Conn], Awaitable[None]]
-
-
 # --- default handler: opaque relay to the original destination --------------------
-
-
-def _load_orig_dst() -> Callable[[int], tuple[str, int] | None] | None:
-    try:
-        mod = importlib.import_module("agent.redirect.orig_dst")
-    except ImportError:
-        return None
-    fn: Callable[[int], tuple[str, int] | None] | None
-    fn = getattr(mod, "original_dst_of_fd", None)
-    return fn
-
-
-_ORIGINAL_DST = _load_orig_dst()
-
-
-def default_resolve_target(conn: Conn) -> tuple[str, int]:
-    """Where to relay `conn`: the original destination; inbound, on the pod's loopback.
-
-    Asks `agent.redirect.orig_dst.original_dst_of_fd` (SO_ORIGINAL_DST) and,
-    when it does not know (not redirected by conntrack: sk_lookup, or a direct
-    connection), takes the accepted socket's local address, which is then the
-    original destination. A direct connection to an outbound listener thus
-    resolves to the listener itself, which `relay_handler` refuses. The fd and
-    the local address come from the transport, not from uvloop's pseudo-socket,
-    whose calls each make a `socket.socket` (rule 2).
-    """
-    target: tuple[str, int] | None = None
-    if _ORIGINAL_DST is not None:
-        # not the pseudo-socket's `family`: an enum made in Python; SOL_IP's answer is
-        # the same on an AF_INET6 socket's fd
-        target = _ORIGINAL_DST(conn.transport.get_extra_info("socket").fileno())
-    if target is None:
-        target = (conn.local[0], conn.local[1])
-    if conn.listener.kind is ListenerKind.INBOUND:
-        return ("127.0.0.1", target[1])  # DESIGN: forward to the app on the pod's loopback
-    return target
-
-
-resolve_target: Callable[[Conn], tuple[str, int]] = default_resolve_target
-
-
-def target_of(conn: Conn) -> tuple[str, int]:
-    """`resolve_target(conn)`, asked once per connection (the handler and the recorder
-    both want it; it is a getsockopt and a parse).
-
-    Raises:
-        Whatever `resolve_target` raises (not remembered: the next call asks again).
-    """
-    target = conn.target
-    if target is None:
-        target = conn.target = resolve_target(conn)
-    return target
 
 
 async def relay_handler(conn: Conn) -> None:
@@ -273,39 +158,12 @@ async def relay_handler(conn: Conn) -> None:
             relay.abort()
 
 
-HANDLERS: dict[ListenerKind, Handler] = {
-    ListenerKind.OUTBOUND: relay_handler,
-    ListenerKind.INBOUND: relay_handler,
-}
+# rule 4: the relay serves both kinds until a plugin (the data plane) puts its own in
+HANDLERS.setdefault(ListenerKind.OUTBOUND, relay_handler)
+HANDLERS.setdefault(ListenerKind.INBOUND, relay_handler)
 
 
 # --- the worker ---------------------------------------------------------------------
-
-
-class _Accept(tcp.Held):
-    """Protocol of a freshly accepted connection until its handler takes it over.
-
-    `tcp.Held`'s `__init__` and `connection_made`, inlined: two interpreted calls
-    fewer per connection (rule 2)."""
-
-    __slots__ = ("conn", "listener")
-
-    def __init__(self, listener: _Listener) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.prefix = bytearray()
-        self.eof = False
-        self.listener = listener
-        self.conn: Conn | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self.transport = transport  # accepted TCP: always an asyncio.Transport
-        transport.pause_reading()
-        self.conn = self.listener.worker.accepted(self.listener, self)
-
-    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - Protocol API
-        # Only before a handler took the transport over.
-        if self.conn is not None and self.conn.task is not None:
-            self.conn.task.cancel()
 
 
 class _Listener:
@@ -478,7 +336,7 @@ class Worker:
         self.listeners[msg.listener_id] = lst
         try:
             lst.server = await lst.loop.create_server(
-                functools.partial(_Accept, lst), sock=sock, backlog=LISTEN_BACKLOG
+                functools.partial(accept.Accepted, lst), sock=sock, backlog=LISTEN_BACKLOG
             )
         except OSError:
             sock.close()
@@ -502,46 +360,6 @@ class Worker:
         if lst.server is not None:
             lst.server.close()
             lst.server = None
-
-    # --- connections ----------------------------------------------------------
-
-    def accepted(self, lst: _Listener, held: tcp.Held) -> Conn:
-        """Called by `_Accept` for each new connection: start its handler."""
-        conn = Conn(self, lst.info, held, lst.loop)
-        self.accepted_total += 1
-        self.conns.add(conn)
-        lst.conns.add(conn)
-        conn.task = asyncio.Task(self._serve(conn, lst), loop=lst.loop, name="conn")  # rule 2
-        return conn
-
-    async def _serve(self, conn: Conn, lst: _Listener) -> None:
-        record.CONN.set(conn)  # this task's context only (rule 5)
-        error: BaseException | None = None
-        try:
-            await HANDLERS[conn.listener.kind](conn)
-        except Exception as exc:  # rule 2: ends this connection only
-            error = exc
-            self.failed_total += 1
-            expected = isinstance(exc, OSError | TimeoutError | AgentError)
-            logger.warning(
-                "connection failed",
-                extra={**conn.log_extra(), "error": repr(exc)},
-                exc_info=None if expected else exc,
-            )
-        finally:
-            if not conn.transport.is_closing():
-                conn.transport.abort()
-            if conn.relay is not None:
-                self.bytes_up += conn.relay.bytes_up
-                self.bytes_down += conn.relay.bytes_down
-            self.conns.discard(conn)
-            lst.conns.discard(conn)
-            record.recorder().conn_end(conn, error)
-            # No cycles left for the collector: this task's context holds `conn`, and
-            # the accepting protocol holds it too (rule 7).
-            conn.task = None
-            if isinstance(conn.held, _Accept):
-                conn.held.conn = None
 
     # --- towards the supervisor --------------------------------------------------
 

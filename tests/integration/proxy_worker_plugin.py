@@ -9,11 +9,11 @@
 
 from __future__ import annotations
 
-from agent.proxy import worker
+from agent.proxy import accept, worker
 from agent.proxy.listener import ListenerKind
 
 
-def _resolve(conn: worker.Conn) -> tuple[str, int]:
+def _resolve(conn: accept.Conn) -> tuple[str, int]:
     lid = conn.listener.listener_id
     if lid.endswith("boom"):
         raise RuntimeError(f"handler of {lid} raises on purpose")
@@ -21,11 +21,11 @@ def _resolve(conn: worker.Conn) -> tuple[str, int]:
     return (host, port)
 
 
-async def _needy(conn: worker.Conn) -> None:
+async def _needy(conn: accept.Conn) -> None:
     if conn.listener.listener_id.endswith("need"):
         await conn.worker.state.want("need-gate", kind="test", wait_s=5.0)
     await worker.relay_handler(conn)
 
 
-worker.resolve_target = _resolve
-worker.HANDLERS[ListenerKind.OUTBOUND] = _needy
+accept.resolve_target = _resolve
+accept.HANDLERS[ListenerKind.OUTBOUND] = _needy

@@ -19,14 +19,16 @@ from agent.proxy import tcp
 Upstream = Callable[[socket.socket], Awaitable[None]]
 
 
-class _Front(tcp.Held):
+class _Front(asyncio.Protocol):
+    """Parks each accepted connection on a `tcp.Held` at once (tcp rule 8: its first
+    bytes and EOF land there), then splices it (`Held` is compiled: no subclass here)."""
+
     def __init__(self, rig: Rig) -> None:
-        super().__init__()
         self.rig = rig
 
     def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        self.rig.tasks.append(aio.spawn(self.rig.splice(self), name="splice"))
+        held = tcp.hold(transport)
+        self.rig.tasks.append(aio.spawn(self.rig.splice(held), name="splice"))
 
 
 class Rig:

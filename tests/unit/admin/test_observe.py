@@ -14,9 +14,10 @@ from agent.admin.observe import REPORT_S, Observer
 from agent.admin.tapping import TAP
 from agent.proxy import channel as ch
 from agent.proxy import record
+from agent.proxy.accept import Accepted, Conn
 from agent.proxy.listener import ListenerKind
 from agent.proxy.state import POD, PodInfo
-from agent.proxy.worker import Conn, ListenerInfo, Worker
+from agent.proxy.worker import ListenerInfo, Worker
 
 POD_KEY = "ns/web"
 
@@ -28,13 +29,17 @@ def _pod() -> PodInfo:
 
 
 def _conn() -> Conn:
-    # Only the fields the recorder reads: the accepting listener and its own record.
-    conn = Conn.__new__(Conn)
-    conn.listener = ListenerInfo(
-        listener_id="in", pod=POD_KEY, kind=ListenerKind.INBOUND, netns="/x"
+    # What the recorder reads: the accepting listener and its own record (no socket).
+    none: Any = None
+    return Conn(
+        worker=none,
+        listener=ListenerInfo(listener_id="in", pod=POD_KEY, kind=ListenerKind.INBOUND, netns="/x"),
+        held=Accepted(none),
+        loop=none,
+        transport=none,
+        peer=("10.0.0.9", 5555),
+        local=("10.0.0.5", 8080),
     )
-    conn.obs = None
-    return conn
 
 
 def _family(obs: Observer, name: str) -> dict[Any, Any]:

@@ -10,9 +10,10 @@ import pytest
 from agent.admin.tapping import TAP_RING, Tapping
 from agent.proxy import channel as ch
 from agent.proxy import h2msg, record
+from agent.proxy.accept import Accepted, Conn
 from agent.proxy.listener import ListenerKind
 from agent.proxy.state import POD, POD_IP, PodInfo
-from agent.proxy.worker import Conn, ListenerInfo, Worker
+from agent.proxy.worker import ListenerInfo, Worker
 
 INBOUND = {"direction": "inbound", "namespace": "ns", "pod": "web", "target_port": "80"}
 
@@ -34,12 +35,17 @@ def tapping() -> Tapping:
 
 @pytest.fixture
 def conn() -> Conn:
-    # Only the fields tapping reads: the accepting listener and the client's address.
-    c = Conn.__new__(Conn)
-    c.listener = ListenerInfo(listener_id="l", pod="ns/web", kind=ListenerKind.INBOUND, netns="/x")
-    c.peer = ("10.0.0.9", 5555)
-    c.obs = None
-    return c
+    # What tapping reads: the accepting listener and the client's address (no socket).
+    none: Any = None
+    return Conn(
+        worker=none,
+        listener=ListenerInfo(listener_id="l", pod="ns/web", kind=ListenerKind.INBOUND, netns="/x"),
+        held=Accepted(none),
+        loop=none,
+        transport=none,
+        peer=("10.0.0.9", 5555),
+        local=("10.0.0.5", 8080),
+    )
 
 
 def _tap(tapping: Tapping, taps: Any, conn: Conn, labels: dict[str, str], **facts: Any) -> None:

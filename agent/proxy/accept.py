@@ -1,0 +1,253 @@
+"""A new connection, from the listener's accept to its handler's end: compiled.
+
+The worker (agent.proxy.worker) listens and talks to the supervisor; it stays Python (it
+runs as `__main__` and loads plugins). What every accepted connection runs is here, in
+the compiled group (agent.native): a new connection paid for each interpreted call of
+the accept path, about half of those it still made (bench/RESULTS.md, fifty-fourth pass).
+
+Rules:
+1. `Accepted` is the protocol of a freshly accepted connection until its handler takes
+   the transport over, a `Held` (defined here, compiled, for `agent.proxy.tcp` too):
+   reading is paused in `connection_made`; uvloop resumes reading right after that
+   callback, so a first chunk that arrives anyway is kept in `prefix` (and reading
+   paused again), and an EOF in `eof`. A handler hands both to whatever protocol takes
+   over.
+2. Each accepted connection is wrapped in a `Conn` and given to `HANDLERS[kind]` in its
+   own task, an `asyncio.Task` made with its name (the loop's `create_task` names each
+   task "Task-N", a formatted string, before it sets the name given; no task factory
+   applies). A handler's exception ends that connection only: it is counted, logged once
+   with pod, listener and peer, and never escapes. The worker references the task
+   (`Conn.task`, `Worker.conns`) until it ends, so it has no failure left to log.
+3. A finished connection leaves no reference cycle (agent.proxy.worker rule 7): the
+   task's context holds the `Conn` (`record.CONN`, for the recorder) and the accepting
+   protocol holds it too; both let go when the handler ends.
+4. Extension points, set by modules loaded with the worker's `--plugin`: `HANDLERS`
+   (changed in place; agent.proxy.worker's `HANDLERS` is this dict) and
+   `resolve_target` (this module's attribute, replaced). Both are read per connection;
+   `target_of` asks `resolve_target` once per connection and keeps the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from agent.errors import AgentError
+from agent.proxy import record
+from agent.proxy.listener import ListenerKind
+
+if TYPE_CHECKING:
+    from agent.proxy.worker import ListenerInfo
+
+# the worker's: its connections' failures are the worker's to report
+logger = logging.getLogger("agent.proxy.worker")
+
+
+class Conn:
+    """One accepted connection, as handlers see it.
+
+    `transport` has reading paused. A handler takes it over with
+    `transport.set_protocol(...)` and must first feed that protocol what was
+    already read (`held.prefix`, `held.eof`), as `tcp.open_relay` does.
+    """
+
+    def __init__(  # noqa: PLR0913 - the facts of one connection
+        self,
+        *,
+        worker: Any,  # agent.proxy.worker.Worker (interpreted)
+        listener: ListenerInfo,
+        held: Accepted,
+        loop: asyncio.AbstractEventLoop,
+        transport: asyncio.Transport,
+        peer: Any,
+        local: Any,
+    ) -> None:
+        self.worker: Any = worker
+        # its listener's loop, for handlers: asyncio.get_running_loop() is a getpid() in
+        # CPython 3.11, two per connection (bench/RESULTS.md, forty-fifth pass)
+        self.loop = loop
+        self.listener = listener
+        self.held = held
+        self.transport = transport
+        # (ip, port) each; objects, not tuple types, to a compiled class (agent.native rule 7)
+        self.peer: Any = peer
+        self.local: Any = local
+        self.task: asyncio.Task[None] | None = None
+        self.relay: Any = None  # agent.proxy.tcp.Relay, once a handler relays bytes
+        self.obs: Any = None  # the recorder's per-connection record
+        self.target: tuple[str, int] | None = None  # `target_of`'s answer, once asked
+
+    @property
+    def socket(self) -> Any:
+        """The accepted socket (a socket-like object: getsockopt, getsockname...)."""
+        return self.transport.get_extra_info("socket")
+
+    def log_extra(self) -> dict[str, object]:
+        return {
+            "pod": self.listener.pod,
+            "listener": self.listener.listener_id,
+            "peer": f"{self.peer[0]}:{self.peer[1]}",
+        }
+
+
+Handler = Callable[[Conn], Awaitable[None]]
+
+# rule 4: agent.proxy.worker puts its relay in for both kinds; the data plane replaces it
+HANDLERS: dict[ListenerKind, Handler] = {}
+
+
+class Held(asyncio.Protocol):
+    """A freshly accepted connection, held until a handler takes its transport over.
+
+    Reading is paused in `connection_made`; uvloop restarts reading right after
+    that callback, so the first chunk that arrives anyway is kept in `prefix`
+    (and reading paused again), and an EOF is kept in `eof`. A handler hands
+    both to whatever protocol takes over (`agent.proxy.tcp.Relay.attach` does;
+    `agent.proxy.tcp` rules 6 and 8).
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.prefix = bytearray()
+        self.eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        tr: Any = transport  # accepted TCP: an asyncio.Transport
+        self.transport = tr
+        tr.pause_reading()
+
+    def data_received(self, data: bytes) -> None:
+        self.prefix += data
+        transport = self.transport
+        if transport is not None:
+            transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        return True  # keep our write side: the handler may still answer
+
+
+class Accepted(Held):
+    """Rule 1: the protocol a worker's listener gives each connection it accepts; it
+    starts the connection's handler."""
+
+    def __init__(self, listener: Any) -> None:  # agent.proxy.worker._Listener
+        super().__init__()
+        self.listener: Any = listener
+        self.conn: Conn | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.conn = accepted(self.listener, self)
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: ARG002 - Protocol API
+        # Only before a handler took the transport over.
+        conn = self.conn
+        if conn is not None and conn.task is not None:
+            conn.task.cancel()
+
+
+def accepted(lst: Any, held: Accepted) -> Conn:
+    """A new connection on the worker's listener `lst`: its `Conn`, its handler started."""
+    worker = lst.worker
+    loop: asyncio.AbstractEventLoop = lst.loop
+    transport = held.transport
+    assert transport is not None  # noqa: S101 - called from connection_made
+    conn = Conn(
+        worker=worker,
+        listener=lst.info,
+        held=held,
+        loop=loop,
+        transport=transport,
+        peer=transport.get_extra_info("peername") or ("?", 0),
+        local=transport.get_extra_info("sockname") or ("?", 0),
+    )
+    worker.accepted_total += 1
+    worker.conns.add(conn)
+    lst.conns.add(conn)
+    conn.task = asyncio.Task(serve(worker, conn, lst), loop=loop, name="conn")  # rule 2
+    return conn
+
+
+async def serve(worker: Any, conn: Conn, lst: Any) -> None:
+    """Rule 2: run the connection's handler; whatever it raises ends this connection only."""
+    record.CONN.set(conn)  # this task's context only (worker rule 5)
+    error: BaseException | None = None
+    try:
+        await HANDLERS[conn.listener.kind](conn)
+    except Exception as exc:  # rule 2: ends this connection only
+        error = exc
+        worker.failed_total += 1
+        expected = isinstance(exc, (OSError, TimeoutError, AgentError))
+        logger.warning(
+            "connection failed",
+            extra={**conn.log_extra(), "error": repr(exc)},
+            exc_info=None if expected else exc,
+        )
+    finally:
+        if not conn.transport.is_closing():
+            conn.transport.abort()
+        relay = conn.relay
+        if relay is not None:
+            worker.bytes_up += relay.bytes_up
+            worker.bytes_down += relay.bytes_down
+        worker.conns.discard(conn)
+        lst.conns.discard(conn)
+        record.recorder().conn_end(conn, error)
+        # No cycles left for the collector (rule 3).
+        conn.task = None
+        conn.held.conn = None
+
+
+def _load_orig_dst() -> Callable[[int], tuple[str, int] | None] | None:
+    try:
+        from agent.redirect import orig_dst  # noqa: PLC0415 - optional where it is absent
+    except ImportError:
+        return None
+    fn: Callable[[int], tuple[str, int] | None] = orig_dst.original_dst_of_fd
+    return fn
+
+
+_ORIGINAL_DST = _load_orig_dst()
+
+
+def default_resolve_target(conn: Conn) -> tuple[str, int]:
+    """Where to relay `conn`: the original destination; inbound, on the pod's loopback.
+
+    Asks `agent.redirect.orig_dst.original_dst_of_fd` (SO_ORIGINAL_DST) and,
+    when it does not know (not redirected by conntrack: sk_lookup, or a direct
+    connection), takes the accepted socket's local address, which is then the
+    original destination. A direct connection to an outbound listener thus
+    resolves to the listener itself, which the handlers refuse. The fd and
+    the local address come from the transport, not from uvloop's pseudo-socket,
+    whose calls each make a `socket.socket` (bench/RESULTS.md, forty-fifth pass).
+    """
+    target: tuple[str, int] | None = None
+    if _ORIGINAL_DST is not None:
+        # not the pseudo-socket's `family`: an enum made in Python; SOL_IP's answer is
+        # the same on an AF_INET6 socket's fd
+        target = _ORIGINAL_DST(conn.transport.get_extra_info("socket").fileno())
+    if target is None:
+        target = (conn.local[0], conn.local[1])
+    if conn.listener.kind is ListenerKind.INBOUND:
+        return ("127.0.0.1", target[1])  # DESIGN: forward to the app on the pod's loopback
+    return target
+
+
+# rule 4: a plugin replaces it (`accept.resolve_target = ...`)
+resolve_target: Callable[[Conn], tuple[str, int]] = default_resolve_target
+
+
+def target_of(conn: Conn) -> tuple[str, int]:
+    """`resolve_target(conn)`, asked once per connection (the handler and the recorder
+    both want it; it is a getsockopt and a parse).
+
+    Raises:
+        Whatever `resolve_target` raises (not remembered: the next call asks again).
+    """
+    target = conn.target
+    if target is None:
+        target = conn.target = resolve_target(conn)
+    return target
