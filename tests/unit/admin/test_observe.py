@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -14,10 +14,13 @@ from agent.admin.observe import REPORT_S, Observer
 from agent.admin.tapping import TAP
 from agent.proxy import channel as ch
 from agent.proxy import record
-from agent.proxy.accept import Accepted, Conn
 from agent.proxy.listener import ListenerKind
 from agent.proxy.state import POD, PodInfo
 from agent.proxy.worker import ListenerInfo, Worker
+from tests.unit.proxy.test_accept import bare_conn
+
+if TYPE_CHECKING:
+    from agent.proxy.accept import Conn
 
 POD_KEY = "ns/web"
 
@@ -29,16 +32,9 @@ def _pod() -> PodInfo:
 
 
 def _conn() -> Conn:
-    # What the recorder reads: the accepting listener and its own record (no socket).
-    none: Any = None
-    return Conn(
-        worker=none,
-        listener=ListenerInfo(listener_id="in", pod=POD_KEY, kind=ListenerKind.INBOUND, netns="/x"),
-        held=Accepted(none),
-        loop=none,
-        transport=none,
-        peer=("10.0.0.9", 5555),
-        local=("10.0.0.5", 8080),
+    # What the recorder reads: the accepting listener and its own record.
+    return bare_conn(
+        ListenerInfo(listener_id="in", pod=POD_KEY, kind=ListenerKind.INBOUND, netns="/x")
     )
 
 

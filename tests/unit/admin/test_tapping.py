@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from agent.admin.tapping import TAP_RING, Tapping
 from agent.proxy import channel as ch
 from agent.proxy import h2msg, record
-from agent.proxy.accept import Accepted, Conn
 from agent.proxy.listener import ListenerKind
 from agent.proxy.state import POD, POD_IP, PodInfo
 from agent.proxy.worker import ListenerInfo, Worker
+from tests.unit.proxy.test_accept import bare_conn
+
+if TYPE_CHECKING:
+    from agent.proxy.accept import Conn
 
 INBOUND = {"direction": "inbound", "namespace": "ns", "pod": "web", "target_port": "80"}
 
@@ -35,17 +38,9 @@ def tapping() -> Tapping:
 
 @pytest.fixture
 def conn() -> Conn:
-    # What tapping reads: the accepting listener and the client's address (no socket).
-    none: Any = None
-    return Conn(
-        worker=none,
-        listener=ListenerInfo(listener_id="l", pod="ns/web", kind=ListenerKind.INBOUND, netns="/x"),
-        held=Accepted(none),
-        loop=none,
-        transport=none,
-        peer=("10.0.0.9", 5555),
-        local=("10.0.0.5", 8080),
-    )
+    # What tapping reads: the accepting listener and the client's address.
+    listener = ListenerInfo(listener_id="l", pod="ns/web", kind=ListenerKind.INBOUND, netns="/x")
+    return bare_conn(listener, peer=("10.0.0.9", 5555))
 
 
 def _tap(tapping: Tapping, taps: Any, conn: Conn, labels: dict[str, str], **facts: Any) -> None:

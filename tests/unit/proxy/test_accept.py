@@ -12,18 +12,25 @@ from agent.proxy.listener import ListenerKind
 from agent.proxy.worker import ListenerInfo
 
 
-def _conn() -> Conn:
-    """A connection whose target is not known yet (no socket: `target_of` needs none)."""
+def bare_conn(listener: ListenerInfo, *, peer: tuple[str, int] = ("10.0.0.9", 5555)) -> Conn:
+    """A `Conn` with no socket, loop or worker, for code that reads only its listener, its
+    addresses and its records (compiled, `Conn.__new__(Conn)` runs `__init__`)."""
     none: Any = None
-    info = ListenerInfo(listener_id="out", pod="ns/a", kind=ListenerKind.OUTBOUND, netns="/x")
     return Conn(
         worker=none,
-        listener=info,
+        listener=listener,
         held=Accepted(none),
         loop=none,
         transport=none,
-        peer=("10.0.0.9", 5555),
+        peer=peer,
         local=("127.0.0.1", 4140),
+    )
+
+
+def _conn() -> Conn:
+    """A connection whose target is not known yet (`target_of` needs no socket)."""
+    return bare_conn(
+        ListenerInfo(listener_id="out", pod="ns/a", kind=ListenerKind.OUTBOUND, netns="/x")
     )
 
 
