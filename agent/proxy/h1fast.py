@@ -197,7 +197,7 @@ class CallbackExchange:
         up = self.up
         resp = self.resp
         assert resp is not None  # noqa: S101 - the parser ends a message only after its head
-        now = conn.loop.time()
+        now = conn.now()
         target = self.target
         if target.handle is not None:
             target.handle.done(now, not self.failure)
@@ -222,7 +222,7 @@ class CallbackExchange:
         up.abort()
         conn.current = None
         conn.fast = None
-        now = conn.loop.time()
+        now = conn.now()
         if self.resp is not None:  # the head went out: the client cannot be told
             if handle is not None:
                 handle.done(now, ok=False)

@@ -217,7 +217,7 @@ async def respond(  # noqa: PLR0913 - the facts of one response
         conn.router.direction,
         target.labels,
         status=got.status,
-        latency_s=conn.loop.time() - t0,
+        latency_s=conn.now() - t0,
         failure=failure,
     )
     return keep
@@ -416,7 +416,7 @@ class UpExchange:
             out.clear()
         status = self.status
         assert status is not None  # noqa: S101 - the end comes after the head
-        now = conn.loop.time()
+        now = conn.now()
         target = self.target
         if target.handle is not None:
             target.handle.done(now, not self.failure)
@@ -432,7 +432,7 @@ class UpExchange:
         self.stream.close()
         target = self.target
         if target.handle is not None:
-            target.handle.done(conn.loop.time(), ok=False)
+            target.handle.done(conn.now(), ok=False)
         conn.fast = None
         conn.answer_failed(
             502, f"upstream: {reason}", self.t0, target.labels, keep_alive=self.head.keep_alive
@@ -443,7 +443,7 @@ class UpExchange:
         conn = self.conn
         self.stream.close()
         if self.target.handle is not None:
-            self.target.handle.done(conn.loop.time(), ok=False)
+            self.target.handle.done(conn.now(), ok=False)
         if conn.fast is self:
             conn.fast = None
         conn.transport.abort()

@@ -172,7 +172,7 @@ class OutboundStreams:
     def _routed(self, repeat: _Repeat, headers: H2Headers) -> http2.Routed | Answer:
         """Step 2's endpoint and step 3's hop for a stream with `repeat`'s facts."""
         router = self.router
-        handle = repeat.entry.balancer.pick(router.loop.time(), router.plane.rng, [])
+        handle = repeat.entry.balancer.pick(router.now(), router.plane.rng, [])
         if handle is None:
             return h2msg.answer_for(503, outbound.no_endpoints(repeat.labels), grpc=repeat.grpc)
         choice = self._choice(repeat, handle, headers)

@@ -58,7 +58,7 @@ from agent.proxy.upstream import TransportOpener, UpstreamError, start_relay, tr
 
 if TYPE_CHECKING:
     import ssl
-    from collections.abc import Hashable
+    from collections.abc import Callable, Hashable
 
     from agent.proxy.accept import Conn
     from agent.proxy.balance import EndpointStats, Handle
@@ -171,6 +171,7 @@ class OutboundRouter:
         # The client as B's policy sees it on a same-node hop: A's pod IP, else the peer.
         self.client_ip = parse_ip(src.ip if src is not None else conn.peer[0])
         self.loop = conn.loop  # not asyncio.get_running_loop(): a getpid() in 3.11
+        self.now: Callable[[], float] = conn.loop.time  # bound once (httpproxy's `now`)
         # Per-connection caches (the source pod and client facts never change on a connection):
         self._labels: dict[tuple[str, str | None], dict[str, str]] = {}
         self._choices: dict[tuple[tuple[str, int], int], _Choice] = {}
@@ -238,7 +239,7 @@ class OutboundRouter:
         labels: dict[str, str],
         tried: list[tuple[str, int]],
     ) -> httpproxy.Target | httpproxy.Reject:
-        handle = entry.balancer.pick(self.loop.time(), self.plane.rng, tried)
+        handle = entry.balancer.pick(self.now(), self.plane.rng, tried)
         if handle is None:
             return httpproxy.reject(503, no_endpoints(labels))
         lane = self._lane
@@ -337,7 +338,7 @@ class OutboundRouter:
         tried.append(ep.addr)
         choice = self._choice(ep, labels)
         if isinstance(choice, UpstreamError):
-            handle.done(self.loop.time(), ok=False)
+            handle.done(self.now(), ok=False)
             return Refusal(choice.status, str(choice))
         return handle, choice
 

@@ -34,6 +34,8 @@ Labels = dict[str, str]
 
 CONN: Final[ContextVar[Any]] = ContextVar("meshagent_conn", default=None)  # agent.proxy.accept.Conn
 REQUEST: Final[ContextVar[Any]] = ContextVar("meshagent_request", default=None)  # see rule 4
+# `REQUEST.set`, bound once: called per request, a method call by name was a lookup each time
+SET_REQUEST: Final = REQUEST.set
 
 
 class Recorder(Protocol):
