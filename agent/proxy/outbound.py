@@ -170,8 +170,9 @@ class OutboundRouter:
         self.dst = dst
         # The client as B's policy sees it on a same-node hop: A's pod IP, else the peer.
         self.client_ip = parse_ip(src.ip if src is not None else conn.peer[0])
-        self.loop = conn.loop  # not asyncio.get_running_loop(): a getpid() in 3.11
-        self.now: Callable[[], float] = conn.loop.time  # bound once (httpproxy's `now`)
+        # the loop's clock, bound once (httpproxy's `now`); the connection's loop, not
+        # asyncio.get_running_loop(): a getpid() in 3.11
+        self.now: Callable[[], float] = conn.loop.time
         # Per-connection caches (the source pod and client facts never change on a connection):
         self._labels: dict[tuple[str, str | None], dict[str, str]] = {}
         self._choices: dict[tuple[tuple[str, int], int], _Choice] = {}
