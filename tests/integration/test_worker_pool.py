@@ -212,10 +212,15 @@ async def test_a_worker_that_dies_once_while_starting_is_replaced_and_the_start_
     marker = tmp_path / "died-once"
     plugin = tmp_path / "first_dies.py"
     plugin.write_text(
-        "import os, pathlib\n"
-        f"marker = pathlib.Path({str(marker)!r})\n"
-        "if not marker.exists():\n"
-        "    marker.write_text(str(os.getpid()))\n"
+        "import os\n"
+        # the first to create the marker dies; O_EXCL makes "first" one worker even
+        # when both load the plugin at once
+        "try:\n"
+        f"    fd = os.open({str(marker)!r}, os.O_CREAT | os.O_EXCL | os.O_WRONLY)\n"
+        "except FileExistsError:\n"
+        "    pass\n"
+        "else:\n"
+        "    os.write(fd, str(os.getpid()).encode())\n"
         "    os._exit(3)\n"
     )
     pool = WorkerPool(2, options=WorkerOptions(plugins=(str(plugin),), grace_s=1.0))
