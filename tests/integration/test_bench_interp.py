@@ -126,5 +126,9 @@ def test_a_new_connection_runs_few_interpreted_calls(tmp_path: Path) -> None:
     # the accept path counted: its one interpreted call of ours, per connection
     assert any(name == "original_dst_of_fd" for _, name, _ in hot), hot
     assert summary.per_request() < PER_CONNECTION_MAX, hot
-    back = [(name, n) for _, name, n in hot if name in TRIMMED]
+    # Each trimmed function ran for a quarter of the connections or more (read_prefix's
+    # timeout) and most for every one; a worker's own few hundred calls a run (its stats,
+    # `EnumType.__call__` in them) come to 0.05 a connection when a loaded machine makes
+    # fewer than 9,000 connections in the 2 s (a full-suite run did: 0.051).
+    back = [(name, n) for _, name, n in hot if name in TRIMMED and n >= 0.2]
     assert back == [], back
