@@ -66,6 +66,13 @@ Rules:
    (`WorkerState`, agent.proxy.wstate), whose `generation` every per-connection memo
    checks and whose `get` the routers call. The interpreted `Worker` holds it; reading
    an interpreted object's attribute is a generic lookup by name.
+12. A call the request path makes per request goes to a value typed as a compiled
+   class, never as a `typing.Protocol`: through a Protocol the call is a lookup by
+   name, the callee's argument parsing and its arguments boxed (twelfth pass). Where
+   tests or plugins implement the interface in Python, the compiled base class says
+   `@mypyc_attr(allow_interpreted_subclasses=True)` (from here: mypy_extensions'
+   decorator at build time, a no-op at run time); compiled subclasses are still called
+   through the vtable (`record.BoundHttp`, `h1plan.Router`; fifty-fifth pass).
 """
 
 from __future__ import annotations
@@ -84,6 +91,15 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+    from mypy_extensions import mypyc_attr as mypyc_attr  # noqa: PLC0414 - re-exported (rule 12)
+else:
+
+    def mypyc_attr(*_args: object, **_kwargs: object) -> object:
+        """Rule 12's decorator at run time: mypyc reads it at build time, and a compiled
+        class never calls it; interpreted, the class is left as it is."""
+        return lambda cls: cls
+
 
 from agent.errors import AgentError
 

@@ -20,7 +20,8 @@ Rules:
    `meshagent_metrics_series_dropped_total`.
 3. Recording is cheap: a worker interns the label set of a connection (or
    route) once, getting a series object; per request it then does plain
-   integer additions and one binary search into the bucket bounds (`bucket`). No locks (a
+   integer additions and one bucket lookup (`Histogram.index`: a table read for a
+   latency up to `SMALL_MAX` ms, else a binary search, `bucket`). No locks (a
    worker is one thread), no label formatting on the hot path.
 4. `WorkerMetrics.snapshot()` returns *cumulative* values since the worker
    started, as plain picklable data; the supervisor merges snapshots
@@ -32,7 +33,7 @@ from __future__ import annotations
 import errno as errno_mod
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from agent.admin.families import FAMILIES, FORBIDDEN_LABELS, OWNER_KINDS, Family, Kind
 
@@ -175,7 +176,7 @@ class Gauge:
 class Histogram:
     """Fixed buckets: `counts[i]` counts observations <= bounds[i]; the last is +Inf."""
 
-    __slots__ = ("bounds", "counts", "total")
+    __slots__ = ("bounds", "counts", "small", "small_max", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         # As floats: `bucket` reads them as C doubles, and an int bound (families.py
@@ -183,10 +184,43 @@ class Histogram:
         self.bounds = tuple(float(b) for b in bounds)
         self.counts = [0] * (len(bounds) + 1)
         self.total = 0.0
+        self.small, self.small_max = small_table(self.bounds)
+
+    def index(self, v: float) -> int:
+        """`bucket(bounds, v)`: for 0 <= v <= `small_max` one read of `small` at v rounded
+        up (rule 3), else the binary search."""
+        if 0.0 <= v <= self.small_max:
+            k = int(v)
+            if k < v:
+                k += 1
+            return self.small[k]
+        return bucket(self.bounds, v)
 
     def observe(self, v: float) -> None:
-        self.counts[bucket(self.bounds, v)] += 1
+        self.counts[self.index(v)] += 1
         self.total += v
+
+
+SMALL_MAX: Final = 100  # the table's last whole value (latencies in ms: most fall below)
+_SMALL: Final[dict[tuple[float, ...], tuple[bytes, float]]] = {}
+
+
+def small_table(bounds: tuple[float, ...]) -> tuple[bytes, float]:
+    """`bucket(bounds, k)` for k = 0..K, and K as a float (-1.0: no table), shared by the
+    histograms of the same bounds. Rounding v up to a whole k keeps the answer when no
+    bound lies between two whole numbers, so K stops below the first bound that is not
+    whole, and at `SMALL_MAX`."""
+    known = _SMALL.get(bounds)
+    if known is not None:
+        return known
+    top = SMALL_MAX
+    for b in bounds:
+        if 0.0 < b <= top and not b.is_integer():
+            top = int(b)  # v just above it would round up past b
+    table = bytes(bucket(bounds, float(k)) for k in range(top + 1)) if len(bounds) < 256 else b""
+    made = (table, float(len(table) - 1))
+    _SMALL[bounds] = made
+    return made
 
 
 def bucket(bounds: tuple[float, ...], v: float) -> int:
@@ -251,7 +285,7 @@ class HttpSeries:
             self._last_success = success
             self._last_cells = (counter, hist)
         counter.value += 1
-        hist.counts[bucket(hist.bounds, latency_ms)] += 1
+        hist.counts[hist.index(latency_ms)] += 1
         hist.total += latency_ms
 
     def _new_response(self, key: tuple[int, bool]) -> Counter:
@@ -309,7 +343,7 @@ class TcpSeries:
             self._closes[errno] = cells
         cells[0].value += 1
         hist = cells[1]
-        hist.counts[bucket(hist.bounds, duration_ms)] += 1
+        hist.counts[hist.index(duration_ms)] += 1
         hist.total += duration_ms
 
 

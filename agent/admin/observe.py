@@ -89,7 +89,7 @@ class _Open:
         self.http: dict[int, tuple[Labels, str, list[HttpSeries]]] = {}
 
 
-class _BoundHttp:
+class _BoundHttp(record.BoundHttp):
     """`Observer.exchange` for one label set of one connection (`record` rule 5)."""
 
     __slots__ = (
@@ -98,14 +98,13 @@ class _BoundHttp:
         "_gen",
         "_obs",
         "_series",
-        "labels",
     )
 
     def __init__(self, obs: Observer, conn: Conn | None, direction: str, labels: Labels) -> None:
+        super().__init__(labels)
         self._obs = obs
         self._conn = conn
         self._direction = direction
-        self.labels = labels
         self._gen = -1  # resolved at the first exchange: the connection opens then (rule 3)
         self._series: list[HttpSeries] = []
 
@@ -134,17 +133,17 @@ class _BoundHttp:
             obs._fail(exc, "exchange")  # noqa: SLF001
 
 
-class _BoundAuthz:
+class _BoundAuthz(record.BoundAuthz):
     """`Observer.authz` for one label set and outcome of one connection (`record` rule 5)."""
 
-    __slots__ = ("_allowed", "_conn", "_counter", "_gen", "_http", "_obs", "labels")
+    __slots__ = ("_allowed", "_conn", "_counter", "_gen", "_http", "_obs")
 
     def __init__(
         self, obs: Observer, conn: Conn | None, labels: Labels, *, allowed: bool, http: bool
     ) -> None:
+        super().__init__(labels)
         self._obs = obs
         self._conn = conn
-        self.labels = labels
         self._allowed = allowed
         self._http = http
         self._gen = -1

@@ -44,6 +44,7 @@ import uvloop
 
 from agent import native
 from agent.proxy import httpproxy, upstream
+from agent.proxy.h1plan import Router
 from agent.proxy.tlsio import TlsTransport
 from agent.proxy.upstream import ConnPool
 
@@ -124,12 +125,11 @@ def tls_contexts(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext, str]:
     return made[0], made[1], server.dns_name
 
 
-class _Router:
-    """Every request to the server (agent.proxy.h1plan's Router)."""
-
-    direction = "outbound"
+class _Router(Router):
+    """Every request to the server (agent.proxy.h1plan's Router, subclassed in Python)."""
 
     def __init__(self, port: int, tls: tuple[ssl.SSLContext, str] | None = None) -> None:
+        super().__init__("outbound")
         worker = SimpleNamespace(upstreams=_Upstreams(), connect_timeout=10.0)
 
         async def opener(factory: Any) -> tuple[asyncio.Transport, Any]:

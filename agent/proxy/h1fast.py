@@ -109,17 +109,19 @@ class CallbackExchange:
         self.keep = True
 
     # What UpstreamConn calls (outside the connection's context)
+    # (the methods run in the context are passed unbound: `self._on_whole` made a bound
+    # method by name per response, agent.native rule 12)
     def on_events(self, events: list[http1.Event]) -> None:
         if events and self.conn.fast is self:
-            self.conn.in_ctx(self._on_events, events)
+            self.conn.in_ctx(_ON_EVENTS, self, events)
 
     def on_whole(self, head: ResponseHead, data: bytes) -> None:
         if self.conn.fast is self:
-            self.conn.in_ctx(self._on_whole, head, data)
+            self.conn.in_ctx(_ON_WHOLE, self, head, data)
 
     def fail(self, err: UpstreamError) -> None:
         if self.conn.fast is self and not self.ended:
-            self.conn.in_ctx(self._broken, err)
+            self.conn.in_ctx(_BROKEN, self, err)
 
     def _on_whole(self, resp: ResponseHead, data: bytes) -> None:
         """A whole final response: forwarded as it came when its head needs no change."""
@@ -279,3 +281,8 @@ def response_head(head: RequestHead, resp: ResponseHead) -> HeadOut:
     elif head.version == b"1.0":
         headers = [*headers, (b"connection", b"keep-alive")]
     return [h1msg.response_head_bytes(resp.status, headers, resp.reason or None)], keep
+
+
+_ON_EVENTS: Final = CallbackExchange._on_events  # noqa: SLF001 - its own module
+_ON_WHOLE: Final = CallbackExchange._on_whole  # noqa: SLF001
+_BROKEN: Final = CallbackExchange._broken  # noqa: SLF001

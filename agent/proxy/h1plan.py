@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from agent.native import mypyc_attr
 from agent.proxy import h1msg, http1
 
 if TYPE_CHECKING:
@@ -100,23 +101,28 @@ class Plan:
         self.labels = {} if labels is None else labels
 
 
-class Router(Protocol):
-    """Decides, per request, where it goes (outbound) or whether it may (inbound)."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Router:
+    """Decides, per request, where it goes (outbound) or whether it may (inbound).
 
-    direction: str
+    A base class, not a Protocol: `plan_now` is called per request, and through a
+    Protocol that was a lookup by name (agent.native rule 12). Subclasses (the outbound
+    and inbound routers; tests' in Python) give `direction` to `__init__`."""
+
+    def __init__(self, direction: str) -> None:
+        self.direction = direction
 
     def plan_now(self, head: RequestHead) -> Plan | Reject | None:
         """The plan for `head` or a proxy answer, if known without waiting; else None."""
-        ...
+        raise NotImplementedError
 
     async def plan(self, head: RequestHead) -> Plan | Reject:
         """The plan for `head`, or a proxy answer (waits for state it needs)."""
-        ...
+        raise NotImplementedError
 
     def close(self) -> None:
         """The connection is over: drop what would keep the router in a reference cycle
         (a memo whose plan calls back into the router), agent.proxy.worker rule 7."""
-        ...
 
 
 def reject(status: int, message: str, *, close: bool = False, grpc: int | None = None) -> Reject:

@@ -34,17 +34,25 @@ from typing import TYPE_CHECKING, Final, cast
 
 from agent.proxy import http1
 from agent.proxy.http1 import BodyData, MessageEnd, ProtocolError, ResponseHead, Upgraded
-from agent.proxy.upstream import UpstreamError
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
 
     from agent.proxy.h1fast import CallbackExchange
     from agent.proxy.h2toh1 import DownExchange
-    from agent.proxy.upstream import Pooled
+    from agent.proxy.upstream import Pooled, UpstreamError
 
 HIGH_WATER: Final = 256 * 1024
 LOW_WATER: Final = 64 * 1024
+
+
+def _failed(reason: str) -> UpstreamError:
+    """The upstream's failure. Imported here, when one happens: agent.proxy.upstream
+    imports this module at its top (its pool checks `UpstreamConn` by type, agent.native
+    rule 12), so this one cannot import it there."""
+    from agent.proxy.upstream import UpstreamError  # noqa: PLC0415 - see above
+
+    return UpstreamError("upstream", reason)
 
 
 class Exchange:
@@ -108,9 +116,9 @@ class Exchange:
             if self.down is not None and done is not None and not done.done():
                 done.set_result(None)
         elif isinstance(ev, ProtocolError):
-            self.fail(UpstreamError("upstream", f"bad response: {ev.reason}"))
+            self.fail(_failed(f"bad response: {ev.reason}"))
         elif isinstance(ev, Upgraded):
-            self.fail(UpstreamError("upstream", "protocol switch is not supported here"))
+            self.fail(_failed("protocol switch is not supported here"))
         else:
             raise AssertionError(f"BUG: unexpected response event {ev!r}")  # noqa: TRY004 - STYLE dispatch
 
@@ -212,7 +220,7 @@ class UpstreamConn(asyncio.Protocol):
             exch.on_events(self.parser.feed_eof())
             exch = self.exch  # the events may have ended the exchange
             if exch is not None and not exch.ended:
-                exch.fail(UpstreamError("upstream", "closed before the response ended"))
+                exch.fail(_failed("closed before the response ended"))
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -224,7 +232,7 @@ class UpstreamConn(asyncio.Protocol):
         exch = self.exch
         if exch is not None and not exch.ended:
             reason = f"connection lost: {exc}" if exc else "connection closed"
-            exch.fail(UpstreamError("upstream", reason))
+            exch.fail(_failed(reason))
         self._wake()
 
     def pause_writing(self) -> None:

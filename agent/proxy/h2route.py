@@ -30,7 +30,6 @@ last plain stream's very list what was routed for it.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from agent.proxy import h1msg, h2msg, h2pool, h2serve, http2, inbound, origproto, outbound
@@ -39,6 +38,7 @@ from agent.proxy.h2toh1 import Downgrade
 from agent.proxy.plane import plane_of
 from agent.proxy.state import POLICY, Destination, PodInfo
 from agent.proxy.upstream import transport_opener
+from agent.proxy.wstate import WorkerState  # noqa: TC001 - an attribute type of a compiled class
 
 if TYPE_CHECKING:
     import asyncio
@@ -146,11 +146,12 @@ class OutboundStreams:
     def __init__(self, router: outbound.OutboundRouter) -> None:
         self.router = router
         self.worker = router.worker
+        self.state = router.state  # typed: through the worker, a lookup by name (rule 11)
         self.lane = h2pool.pool_of(self.worker).next_lane()  # streams over mTLS (its rule 2)
         self._repeat: _Repeat | None = None
 
     def route_now(self, headers: H2Headers) -> http2.Routed | Answer | None:
-        gen = self.worker.state.generation
+        gen = self.state.generation
         repeat = self._repeat
         if repeat is None or repeat.headers is not headers or repeat.gen != gen:
             got = self._repeat_now(headers, gen)
@@ -165,7 +166,7 @@ class OutboundStreams:
             return got
         # Only an `l5d-dst-override` not known yet waits.
         found = await self.router.destination(h1msg.dst_override(headers))
-        gen = self.worker.state.generation
+        gen = self.state.generation
         repeat = self._new_repeat(headers, h2msg.routing_facts(headers), gen, found)
         return repeat if isinstance(repeat, Answer) else self._routed(repeat, headers)
 
@@ -229,11 +230,7 @@ class OutboundStreams:
         """The hop to the picked endpoint (a `_Choice`), or the answer: the last one's when
         it is the same endpoint (its authorization counted again), else step 3."""
         choice = repeat.choice
-        if (
-            handle.stats is repeat.stats
-            and choice is not None
-            and (choice.expires is None or choice.expires > time.time())
-        ):
+        if handle.stats is repeat.stats and choice is not None and outbound.fresh(choice.expires):
             if repeat.counted is not None:
                 repeat.counted.count()
         else:
@@ -264,6 +261,8 @@ class InboundStreams:
 
     def __init__(self, worker: Worker, pod: PodInfo, port: int, facts: Facts) -> None:
         self.worker = worker
+        # typed: through the interpreted worker, a lookup by name (agent.native rule 11)
+        self.state: WorkerState = worker.state
         self.pod = pod
         self.port = port
         self.facts = facts
@@ -294,7 +293,7 @@ class InboundStreams:
 
     def route_now(self, headers: H2Headers) -> http2.Routed | Answer:
         """Never waits: the pod's policy is in the worker's state."""
-        gen = self.worker.state.generation
+        gen = self.state.generation
         repeat = self._repeat
         routed = self._routed
         if repeat is not None and repeat[1] == gen:

@@ -313,7 +313,7 @@ class HttpConn:
             or head.expect_continue
         ):
             return False
-        return cast("bool", self.in_ctx(self._take, head))
+        return cast("bool", self.in_ctx(_TAKE, self, head))
 
     def _take(self, head: RequestHead) -> bool:
         plan = self.router.plan_now(head)
@@ -798,6 +798,10 @@ class HttpConn:
             failure=reject.status >= 500,
         )
         return not reject.close
+
+
+# `HttpConn._take`, unbound, once: `self._take` made a bound method by name per request
+_TAKE: Final = HttpConn._take  # noqa: SLF001 - its own module
 
 
 def _wake(fut: asyncio.Future[None] | None) -> None:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from agent.errors import AgentError
 from agent.policy.authorize import Facts, parse_ip
-from agent.proxy import accept, h1msg, h1toh2, h2pool, h2route, http1, httpproxy, inbound
+from agent.proxy import accept, h1msg, h1plan, h1toh2, h2pool, h2route, http1, httpproxy, inbound
 from agent.proxy import worker as worker_mod
 from agent.proxy.detect import NeedMore, Protocol, detect
 from agent.proxy.h2pool import H2Pool  # noqa: TC001 - an attribute type of a compiled class
@@ -55,6 +55,7 @@ from agent.proxy.profile import match_route
 from agent.proxy.record import recorder
 from agent.proxy.state import DST, POD, POD_IP, POLICY, TLS, Destination, PodInfo
 from agent.proxy.upstream import TransportOpener, UpstreamError, start_relay, transport_opener
+from agent.proxy.wstate import WorkerState  # noqa: TC001 - an attribute type of a compiled class
 
 if TYPE_CHECKING:
     import ssl
@@ -65,6 +66,18 @@ if TYPE_CHECKING:
     from agent.proxy.model import Endpoint, Route
     from agent.proxy.record import BoundAuthz
     from agent.proxy.worker import Worker
+
+# the wall clock, bound once: `time.time` read per request was a lookup by name, and its
+# result an object compared generically (agent.native rule 6)
+wall: Final[Callable[[], float]] = time.time
+
+
+def fresh(expires: float | None) -> bool:
+    """Whether a certificate that expires at `expires` (None: no certificate) still holds.
+    One read of the attribute, passed here: read twice, the second read was not narrowed
+    to a float and compared generically."""
+    return expires is None or expires > wall()
+
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +141,7 @@ def hop_for(worker: Worker, src: PodInfo | None, netns: str, ep: Endpoint) -> _H
     if src is None:
         raise UpstreamError(f"{ep.addr[0]}:{ep.addr[1]}", "source pod has no identity")
     material = state.get((TLS, src.identity))
-    ctx = plane.tls.client(material, src.identity, now=time.time())
+    ctx = plane.tls.client(material, src.identity, now=wall())
     return _Hop(
         kind="mtls",
         key=pool.canonical(("tls", src.key, netns, ep.addr, ep.tls_identity)),
@@ -147,7 +160,7 @@ class Refusal:
     message: str
 
 
-class OutboundRouter:
+class OutboundRouter(h1plan.Router):
     """Per-request destination, route and endpoint choice for one client connection.
 
     HTTP/1 uses it as its `Router` (`plan_now`, `plan`); HTTP/2 (agent.proxy.h2route)
@@ -161,8 +174,11 @@ class OutboundRouter:
     def __init__(
         self, conn: Conn, src: PodInfo | None, key: tuple[str, str], dst: Destination
     ) -> None:
-        self.direction = DIRECTION
+        super().__init__(DIRECTION)
         self.worker = conn.worker
+        # The worker's state, typed: read through the interpreted `Worker` it was two
+        # lookups by name and a generic compare per request (agent.native rule 11).
+        self.state: WorkerState = conn.worker.state
         self.plane = plane_of(conn.worker)
         self.src = src
         self.netns = conn.listener.netns
@@ -188,7 +204,7 @@ class OutboundRouter:
         self._lane = None
 
     def plan_now(self, head: http1.RequestHead) -> httpproxy.Plan | httpproxy.Reject | None:
-        gen = self.worker.state.generation
+        gen = self.state.generation
         memo = self._memo
         if memo is not None and memo[0] is head and memo[1] == gen:
             return memo[2]  # the same head (parser cache) and state as last time
@@ -248,10 +264,10 @@ class OutboundRouter:
             lane is not None
             and lane.head is head
             and lane.stats is handle.stats
-            and lane.gen == self.worker.state.generation
-            and (lane.choice.expires is None or lane.choice.expires > time.time())
+            and lane.gen == self.state.generation
+            and fresh(lane.choice.expires)
         ):
-            tried.append(lane.stats.endpoint.addr)
+            tried.append(lane.addr)
             if lane.counted is not None:
                 lane.counted.count()
             return lane.target(handle)
@@ -274,7 +290,7 @@ class OutboundRouter:
             if not decision.allowed:
                 handle.cancel()
                 return inbound.deny_answer(decision, head.headers)
-        lane = _Lane(head, self.worker.state.generation, handle.stats, choice, counted)
+        lane = _Lane(head, self.state.generation, handle.stats, choice, counted)
         self._lane = lane
         return lane.target(handle)
 
@@ -289,10 +305,10 @@ class OutboundRouter:
         known yet (`destination` asks and waits).
         """
         if not override:
-            value = self.worker.state.get(self.key, self.dst)
+            value = self.state.get(self.key, self.dst)
             return self.key, value if isinstance(value, Destination) else self.dst
         key = (DST, override)
-        dst = self.worker.state.get(key)
+        dst = self.state.get(key)
         return None if dst is None else _mesh_destination(key, dst)
 
     async def destination(
@@ -305,7 +321,7 @@ class OutboundRouter:
         assert override  # noqa: S101 - only an unknown override waits
         key = (DST, override)
         try:
-            dst = await self.worker.state.want(key, kind=DST, wait_s=DST_WAIT_S)
+            dst = await self.state.want(key, kind=DST, wait_s=DST_WAIT_S)
         except TimeoutError:
             return Refusal(503, f"no destination for {override}")
         return _mesh_destination(key, dst)
@@ -366,7 +382,7 @@ class OutboundRouter:
 
     def _choice(self, ep: Endpoint, labels: dict[str, str]) -> _Choice | UpstreamError:
         """The hop to `ep` and what a Target needs, reused while the state it read is the same."""
-        state = self.worker.state
+        state = self.state
         gen = state.generation
         ckey = (ep.addr, id(labels))
         got = self._choices.get(ckey)
@@ -375,7 +391,7 @@ class OutboundRouter:
             and got.gen == gen
             and got.ep is ep
             and got.base is labels
-            and (got.expires is None or got.expires > time.time())
+            and fresh(got.expires)
         ):
             return got
         peer_key = state.get((POD_IP, ep.addr[0]))
@@ -392,7 +408,7 @@ class OutboundRouter:
             and got.base is labels
             and got.peer is peer
             and got.material is material
-            and (got.expires is None or got.expires > time.time())
+            and fresh(got.expires)
         ):
             got.gen = gen
             return got
@@ -498,7 +514,7 @@ class _Lane:
     it ends `_Choice` reuse.
     """
 
-    __slots__ = ("choice", "counted", "gen", "head", "stats")
+    __slots__ = ("addr", "choice", "counted", "gen", "head", "stats")
 
     def __init__(
         self,
@@ -511,6 +527,9 @@ class _Lane:
         self.head = head
         self.gen = gen
         self.stats = stats
+        # the endpoint's address, read once (`Endpoint` is interpreted: a lookup by name),
+        # as an object: typed as its tuple it would be rebuilt at each read (native rule 7)
+        self.addr: Any = stats.endpoint.addr
         self.choice = choice
         self.counted = counted  # a same-node hop's authorization: counted again per request
 

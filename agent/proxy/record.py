@@ -30,6 +30,8 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any, Final, Protocol
 
+from agent.native import mypyc_attr
+
 Labels = dict[str, str]
 
 CONN: Final[ContextVar[Any]] = ContextVar("meshagent_conn", default=None)  # agent.proxy.accept.Conn
@@ -75,35 +77,33 @@ class Recorder(Protocol):
         """`authz` for `labels` on the current connection, resolved once (rule 5)."""
 
 
-class BoundHttp(Protocol):
-    """`Recorder.exchange` for one label set of one connection."""
+@mypyc_attr(allow_interpreted_subclasses=True)
+class BoundHttp:
+    """`Recorder.exchange` for one label set of one connection; as it is, records nothing.
+    A class, not a Protocol: the data path calls `exchange` per request, and through a
+    Protocol that was a lookup by name (agent.native rule 12)."""
 
-    labels: Labels
-
-    def exchange(self, status: int, latency_s: float, failure: bool) -> None:
-        """As `Recorder.exchange(direction, labels, ...)` on the binding connection."""
-
-
-class BoundAuthz(Protocol):
-    """`Recorder.authz` for one label set and outcome of one connection."""
-
-    labels: Labels
-
-    def count(self) -> None:
-        """As `Recorder.authz(labels, allowed=..., http=...)` on the binding connection."""
-
-
-class _NoopBound:
     __slots__ = ("labels",)
 
     def __init__(self, labels: Labels) -> None:
         self.labels = labels
 
     def exchange(self, status: int, latency_s: float, failure: bool) -> None:
-        pass
+        """As `Recorder.exchange(direction, labels, ...)` on the binding connection."""
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class BoundAuthz:
+    """`Recorder.authz` for one label set and outcome of one connection; as it is,
+    records nothing (a class for the reason `BoundHttp` is one)."""
+
+    __slots__ = ("labels",)
+
+    def __init__(self, labels: Labels) -> None:
+        self.labels = labels
 
     def count(self) -> None:
-        pass
+        """As `Recorder.authz(labels, allowed=..., http=...)` on the binding connection."""
 
 
 class NoopRecorder:
@@ -139,10 +139,10 @@ class NoopRecorder:
         pass
 
     def bind_http(self, direction: str, labels: Labels) -> BoundHttp:  # noqa: ARG002
-        return _NoopBound(labels)
+        return BoundHttp(labels)
 
     def bind_authz(self, labels: Labels, *, allowed: bool, http: bool) -> BoundAuthz:  # noqa: ARG002
-        return _NoopBound(labels)
+        return BoundAuthz(labels)
 
 
 RECORDER: Recorder = NoopRecorder()

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 from agent.errors import AgentError, PKIError
 from agent.identity import tls as idtls
 from agent.proxy.accept import Held
+from agent.proxy.h1upstream import UpstreamConn
 from agent.proxy.tcp import Relay
 from agent.proxy.tlsio import TlsHandshakeError, TlsTransport
 
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
     import socket
     import ssl
 
-    from agent.proxy.h1upstream import UpstreamConn
     from agent.proxy.state import TlsMaterial
     from agent.proxy.worker import Worker
 
@@ -226,6 +226,26 @@ def canonical(keys: dict[Hashable, Hashable], key: Hashable) -> Hashable:
     return got
 
 
+def _reusable(conn: UpstreamConn | Pooled) -> bool:
+    """`conn.reusable`, read in place when `conn` is the compiled class the pool holds in
+    the workers: read on the union (`Pooled` is a Protocol, for the unit tests' fakes), it
+    was a lookup by name, per take and per release (agent.native rule 12)."""
+    if isinstance(conn, UpstreamConn):
+        return conn.reusable
+    return conn.reusable
+
+
+def _key_of(conn: UpstreamConn | Pooled) -> Hashable:
+    """`conn.pool_key`, read in place as in `_reusable`."""
+    if isinstance(conn, UpstreamConn):
+        return conn.pool_key
+    return conn.pool_key
+
+
+# bound once: `time.monotonic` read per release was a lookup by name (agent.native rule 6)
+_monotonic: Final = time.monotonic
+
+
 class ConnPool:
     """Idle upstream connections per key, for one worker's loop."""
 
@@ -266,7 +286,7 @@ class ConnPool:
                 self._last_key, self._last_idle = key, idle
         while idle:
             conn = idle.pop()
-            if conn.reusable:
+            if _reusable(conn):
                 self.reused += 1
                 return conn
             conn.close()
@@ -316,10 +336,10 @@ class ConnPool:
 
     def release(self, conn: UpstreamConn | Pooled) -> None:
         """Give a connection back after a complete exchange (closed if not reusable)."""
-        if not conn.reusable:
+        if not _reusable(conn):
             conn.close()
             return
-        key = conn.pool_key
+        key = _key_of(conn)
         idle = self._last_idle
         if idle is None or key is not self._last_key:
             idle = self._idle.get(key)
@@ -329,7 +349,11 @@ class ConnPool:
         if len(idle) >= self.max_idle:
             conn.close()
             return
-        conn.idle_since = time.monotonic()
+        now = _monotonic()
+        if isinstance(conn, UpstreamConn):
+            conn.idle_since = now
+        else:
+            conn.idle_since = now
         idle.append(conn)
         if self._sweeper is None:
             loop = asyncio.get_running_loop()

@@ -15,11 +15,11 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from agent.proxy import httpproxy, record
 from agent.proxy.h1client import ClientSide
+from agent.proxy.h1plan import Router
 from agent.proxy.http1 import RequestHead, RequestParser, ResponseParser
 from agent.proxy.upstream import ConnPool
 
@@ -83,12 +83,12 @@ class Upstream:
     closed: int = 0
 
 
-class _Router:
+class _Router(Router):
     """Every request to the upstream; /deny answered 403 by the router itself."""
 
-    direction = "outbound"
-
     def __init__(self, port: int) -> None:
+        super().__init__("outbound")
+
         async def opener(factory: Any) -> tuple[asyncio.Transport, Any]:
             loop = asyncio.get_running_loop()
             return await loop.create_connection(factory, HOST, port)
@@ -443,10 +443,15 @@ class _Seen:
         self.response(direction, labels, **kw)
 
     def bind_http(self, direction: str, labels: Any) -> Any:
-        def exchange(status: int, latency_s: float, failure: bool) -> None:
-            self.exchange(direction, labels, status=status, latency_s=latency_s, failure=failure)
+        seen = self
 
-        return SimpleNamespace(labels=labels, exchange=exchange)
+        class Bound(record.BoundHttp):  # a Python subclass of the compiled handle
+            def exchange(self, status: int, latency_s: float, failure: bool) -> None:
+                seen.exchange(
+                    direction, labels, status=status, latency_s=latency_s, failure=failure
+                )
+
+        return Bound(labels)
 
     def tcp_open(self, *a: Any, **kw: Any) -> None: ...
     def tcp_close(self, *a: Any, **kw: Any) -> None: ...

@@ -29,6 +29,7 @@ from agent.proxy import (
     origproto,
     record,
 )
+from agent.proxy.h1plan import Router
 from agent.proxy.h1upstream import UpstreamConn
 from agent.proxy.h2toh1 import Downgrade
 from agent.proxy.upstream import ConnPool
@@ -69,13 +70,13 @@ class _Inbound:
         return self.route_now(headers)
 
 
-class _Outbound:
+class _Outbound(Router):
     """The client's router: every request to the peer, upgraded to h2 (`h2_plain` 0), or
     upgraded only when `h2_plain` HTTP/1 connections are busy (`--h2-upgrade auto`)."""
 
-    direction = "outbound"
-
     def __init__(self, peer_port: int, app_port: int, h2_plain: int) -> None:
+        super().__init__("outbound")
+
         async def opener(factory: Any) -> Any:
             # The real peer's inbound detects h2 or HTTP/1; here HTTP/1 goes to the app.
             port = app_port if factory is UpstreamConn else peer_port

@@ -549,6 +549,34 @@ def test_bucket_is_bisect_left(bounds: tuple[float, ...], v: float) -> None:
     assert bucket(bounds, v) == bisect.bisect_left(bounds, v)
 
 
+_WHOLE_OR_NOT = st.one_of(
+    st.integers(-5, 120).map(float), st.floats(-5.0, 120.0), st.floats(allow_nan=False)
+)
+
+
+@settings(max_examples=300)
+@given(
+    bounds=st.lists(_WHOLE_OR_NOT, max_size=30).map(lambda xs: tuple(sorted(xs))),
+    values=st.lists(st.one_of(st.floats(-1.0, 102.0), st.floats()), min_size=1, max_size=20),
+)
+def test_a_histograms_index_is_bisect_left_through_its_table_too(
+    bounds: tuple[float, ...], values: list[float]
+) -> None:
+    # rule 3: below `small_max` the index is a table read at v rounded up; a bound that
+    # is not whole ends the table before it, so the answer is bisect's everywhere.
+    hist = Histogram(bounds)
+    for v in values:
+        assert hist.index(v) == bisect.bisect_left(hist.bounds, v), (v, hist.small_max)
+
+
+def test_linkerds_latency_buckets_get_a_table_to_a_hundred_ms() -> None:
+    hist = Histogram(LATENCY_MS_BUCKETS)
+    assert hist.small_max == 100.0
+    assert Histogram((1, 2.5, 10)).small_max == 2.0  # (2, 2.5] and (2.5, 3] differ
+    for v in (0.0, 0.001, 1.0, 1.0001, 4.5, 5.0, 5.5, 99.99, 100.0):
+        assert hist.index(v) == bisect.bisect_left(LATENCY_MS_BUCKETS, v)
+
+
 def test_a_histogram_keeps_its_bounds_as_floats_and_counts_as_with_the_given_ones() -> None:
     # agent.native rule 10: the families write their bounds as ints; a histogram keeps
     # floats, so the compiled `bucket` reads C doubles without calling `__float__`.

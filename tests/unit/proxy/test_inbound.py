@@ -153,9 +153,13 @@ class Counted:
         self.calls.append((labels.get("authz_name") or labels.get("route_name"), allowed))
 
     def bind_authz(self, labels, *, allowed, http):
-        return SimpleNamespace(
-            labels=labels, count=lambda: self.authz(labels, allowed=allowed, http=http)
-        )
+        counted = self
+
+        class Bound(record.BoundAuthz):  # a Python subclass of the compiled handle
+            def count(self) -> None:
+                counted.authz(labels, allowed=allowed, http=http)
+
+        return Bound(labels)
 
 
 @pytest.fixture
