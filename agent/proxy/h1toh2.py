@@ -27,7 +27,9 @@ Rules:
    and discarded, so it holds no reference cycle (agent.proxy.http2 rule 8).
 4. Per connection the h2 headers of the last request head are remembered by the
    head's identity (parsed heads are shared objects, agent.proxy.http1), as
-   `HttpConn._head_bytes` does for HTTP/1.
+   `HttpConn._head_bytes` does for HTTP/1; the lists themselves are shared by every
+   connection of the worker that sends the same fields (`SHARED`, read-only), so the
+   lane's HPACK encoder finds a repeat by identity (agent.proxy.h2hpack rule 5).
 5. A worker keeps `Worker.h2_lanes` h2 connections per endpoint, each client
    connection sending on one of them (agent.proxy.h2pool rule 2).
 6. In callbacks (`start_now`, httpproxy rule 7): a request that arrived whole, whose
@@ -55,7 +57,7 @@ Rules:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from agent import aio
 from agent.proxy import h1msg, h2msg, origproto
@@ -90,6 +92,23 @@ class Upgraded:
         self.status = status
 
 
+SHARED_MAX: Final = 1024  # header lists `shared` keeps (rule 4); cleared whole when full
+_SHARED: Final[dict[tuple[Any, ...], H2Headers]] = {}
+
+
+def shared(headers: H2Headers) -> H2Headers:
+    """The worker's one list equal to `headers` (rule 4): `headers` itself the first time.
+    Equal lists have the same fields, never-indexed marks included: `upgrade_request`
+    marks none."""
+    key = tuple(headers)
+    got = _SHARED.get(key)
+    if got is None:
+        if len(_SHARED) >= SHARED_MAX:
+            _SHARED.clear()
+        got = _SHARED[key] = headers
+    return got
+
+
 class Memo:
     """The h2 headers of a connection's last upgraded request head (rule 4)."""
 
@@ -106,6 +125,8 @@ class Memo:
             return self.headers
         fields = head.headers if rewrite is None else rewrite(head.headers)
         headers = origproto.upgrade_request(head, fields)
+        if headers is not None:
+            headers = shared(headers)
         self.head = head
         self.rewrite = rewrite
         self.headers = headers

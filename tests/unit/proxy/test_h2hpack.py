@@ -87,6 +87,40 @@ def test_remembered_blocks_stay_right_through_repeats_inserts_resizes_and_marks(
         assert isinstance(got[0], hpack.NeverIndexedHeaderTuple) == never
 
 
+def test_the_same_list_objects_stay_right_through_inserts_and_resizes() -> None:
+    # Rule 5's last-list memo: lists sent again as the very same objects (as the
+    # workers' upgraded requests are, agent.proxy.h1toh2 rule 4), between new fields
+    # (inserts) and resizes, each still decodes to itself.
+    rnd = random.Random(11)
+    pool = _lists(5, 6)
+    ours, theirs = Encoder(), hpack.Decoder()
+    for i in range(3000):
+        if i % 400 == 200:
+            size = rnd.choice((0, 128, 1024, 4096))
+            ours.resize(size)
+            theirs.header_table_size = size
+        if rnd.random() < 0.1:
+            fields = [*rnd.choice(pool), (b"x-new", b"%d" % i)]  # inserted: the table changes
+        else:
+            fields = rnd.choice(pool)  # the same object as before
+        got = theirs.decode(ours.encode(fields), raw=True)
+        assert [(bytes(k), bytes(v)) for k, v in got] == fields
+
+
+def test_the_last_list_is_encoded_again_after_a_resize_evicts_its_fields() -> None:
+    # The same object again right after a shrink (whose size update went out with
+    # another list): its remembered block named dynamic entries that are gone.
+    fields = [(b":method", b"GET"), (b"x-trace", b"abc"), (b"x-span", b"def")]
+    ours, theirs = Encoder(), hpack.Decoder()
+    for _ in range(3):  # inserted, then indexed (remembered by identity)
+        assert theirs.decode(ours.encode(fields), raw=True) == fields
+    ours.resize(0)
+    theirs.header_table_size = 0
+    other = [(b":method", b"POST")]
+    assert theirs.decode(ours.encode(other), raw=True) == other
+    assert theirs.decode(ours.encode(fields), raw=True) == fields
+
+
 def test_a_repeated_list_is_one_remembered_block_until_the_table_changes() -> None:
     enc = Encoder()
     fields = [(b":method", b"GET"), (b"x-trace", b"abc")]
