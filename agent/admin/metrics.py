@@ -197,7 +197,12 @@ class Histogram:
         return bucket(self.bounds, v)
 
     def observe(self, v: float) -> None:
-        self.counts[self.index(v)] += 1
+        """Count `v` in its bucket and its sum. The count is read into an int and written
+        back: compiled, `counts[i] += 1` was a generic add of two objects."""
+        counts = self.counts
+        i = self.index(v)
+        n: int = counts[i]
+        counts[i] = n + 1
         self.total += v
 
 
@@ -285,8 +290,7 @@ class HttpSeries:
             self._last_success = success
             self._last_cells = (counter, hist)
         counter.value += 1
-        hist.counts[hist.index(latency_ms)] += 1
-        hist.total += latency_ms
+        hist.observe(latency_ms)
 
     def _new_response(self, key: tuple[int, bool]) -> Counter:
         status, success = key
@@ -342,9 +346,7 @@ class TcpSeries:
             )
             self._closes[errno] = cells
         cells[0].value += 1
-        hist = cells[1]
-        hist.counts[hist.index(duration_ms)] += 1
-        hist.total += duration_ms
+        cells[1].observe(duration_ms)
 
 
 # --- the per-worker recorder ------------------------------------------------------

@@ -59,6 +59,7 @@ from agent.admin.node import measure_loop_lag
 from agent.admin.tapping import TAP, Tapping
 from agent.proxy import channel as ch
 from agent.proxy import record
+from agent.proxy.wstate import WorkerState  # noqa: TC001 - an attribute type of a compiled class
 
 if TYPE_CHECKING:
     from agent.admin.metrics import WorkerMetrics
@@ -172,6 +173,9 @@ class Observer(Tapping):
 
     def __init__(self, worker: Worker, metrics: WorkerMetrics | None = None) -> None:
         super().__init__(worker, metrics)
+        # typed: read through the interpreted worker, a lookup by name per request
+        # (agent.native rule 11)
+        self.state: WorkerState = worker.state
         self._failed: set[str] = set()
         # The taps in the worker's state, looked up again only when the state changed
         # (`generation`; rule 6).
@@ -288,7 +292,7 @@ class Observer(Tapping):
     def taps_now(self) -> Any:
         """The `("tap",)` value of the worker's state (None: no tap), read from the state
         only when its generation moved (rule 6)."""
-        state = self.worker.state
+        state = self.state
         gen = state.generation
         if gen != self._taps_gen:
             self._taps = state.get(_TAP_KEY)

@@ -780,7 +780,8 @@ def _body_all_here(framing: Framing, length: int | None, rest: int) -> bool:
     none without a body, all `length` of a Content-Length one."""
     if framing is Framing.NONE:
         return rest == 0
-    return framing is Framing.CONTENT_LENGTH and rest == length
+    # `length` narrowed first: compared as `int | None`, the compare was generic
+    return framing is Framing.CONTENT_LENGTH and length is not None and rest == length
 
 
 def whole_events(head: ResponseHead, data: bytes) -> list[Event]:
