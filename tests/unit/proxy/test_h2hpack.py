@@ -66,7 +66,9 @@ def test_never_indexed_fields_stay_out_of_both_tables_and_keep_their_mark() -> N
 
 
 def test_remembered_blocks_stay_right_through_repeats_inserts_resizes_and_marks() -> None:
-    # Few distinct lists, each sent many times (what the encoder remembers, rule 5),
+    # Few distinct lists, each sent many times (what the encoder remembers, rule 5), as
+    # equal copies or as the very same objects (the last list is remembered by identity
+    # too; the workers share their upgraded requests' lists, agent.proxy.h1toh2 rule 4),
     # between new fields (inserts), resizes and never-indexed twins of the same lists.
     rnd = random.Random(7)
     pool = _lists(3, 12)
@@ -76,35 +78,16 @@ def test_remembered_blocks_stay_right_through_repeats_inserts_resizes_and_marks(
             size = rnd.choice((0, 128, 1024, 4096))
             ours.resize(size)
             theirs.header_table_size = size
-        fields = list(rnd.choice(pool))
+        picked = rnd.choice(pool)
+        fields = picked if rnd.random() < 0.5 else list(picked)
         if rnd.random() < 0.1:
-            fields.append((b"x-new", b"%d" % i))  # inserted: the table changes
+            fields = [*fields, (b"x-new", b"%d" % i)]  # inserted: the table changes
         never = rnd.random() < 0.1
         sent = [hpack.NeverIndexedHeaderTuple(*fields[0]), *fields[1:]] if never else fields
         block = ours.encode(sent)
         got = theirs.decode(block, raw=True)
         assert [(bytes(k), bytes(v)) for k, v in got] == fields
         assert isinstance(got[0], hpack.NeverIndexedHeaderTuple) == never
-
-
-def test_the_same_list_objects_stay_right_through_inserts_and_resizes() -> None:
-    # Rule 5's last-list memo: lists sent again as the very same objects (as the
-    # workers' upgraded requests are, agent.proxy.h1toh2 rule 4), between new fields
-    # (inserts) and resizes, each still decodes to itself.
-    rnd = random.Random(11)
-    pool = _lists(5, 6)
-    ours, theirs = Encoder(), hpack.Decoder()
-    for i in range(3000):
-        if i % 400 == 200:
-            size = rnd.choice((0, 128, 1024, 4096))
-            ours.resize(size)
-            theirs.header_table_size = size
-        if rnd.random() < 0.1:
-            fields = [*rnd.choice(pool), (b"x-new", b"%d" % i)]  # inserted: the table changes
-        else:
-            fields = rnd.choice(pool)  # the same object as before
-        got = theirs.decode(ours.encode(fields), raw=True)
-        assert [(bytes(k), bytes(v)) for k, v in got] == fields
 
 
 def test_the_last_list_is_encoded_again_after_a_resize_evicts_its_fields() -> None:
