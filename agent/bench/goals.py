@@ -21,7 +21,8 @@ Rules:
    those over rounds.
 3. Added p99 is judged on the side-by-side load at each rate (`http1-side-N`,
    agent.bench.harness rule 10) where the setup ran it, else on the rate load
-   (`http1-rate-N`); the number's name says which.
+   (`http1-rate-N`); saturation on `saturate-side` (in turns with its peer) where the
+   setup ran it, else on `http1-saturate`; the number's name says which.
 4. A goal nothing was measured for is listed with `met` None ("not measured"), so a
    run that skipped a load says so; a number that exists but whose peer added no
    latency has no ratio (agent.bench.report rule 2) and counts as not measured.
@@ -79,7 +80,7 @@ SATURATE = RatioGoal(
     name="saturate",
     text="same-node http1-saturate >= 1.0x haproxy-http",
     metric="http1_saturate_rps",
-    loads=(("http1-saturate",),),
+    loads=((report.SATURATE_SIDE, "http1-saturate"),),
     limit=1.0,
     higher=True,
     same_peer="haproxy-http",
@@ -89,7 +90,7 @@ SATURATE_XNODE = RatioGoal(
     name="saturate-xnode",
     text="cross-node http1-saturate (mTLS) >= 1.0x haproxy-tls",
     metric="http1_saturate_rps",
-    loads=(("http1-saturate",),),
+    loads=((report.SATURATE_SIDE, "http1-saturate"),),
     limit=1.0,
     higher=True,
     same_peer=None,

@@ -75,8 +75,18 @@ Rules:
    with 64-byte opaque TCP requests echoed (`loads.tcp_side`). Those ports are
    opaque, so the node agents count no HTTP request (`agent_requests` stays 0) and
    relay TCP: the echo ports are in `agent_target_ports` and not in
-   `agent_http_target_ports` (the ports of their `request_total`).
-11. `--quick` runs the side-by-side loads only on one node, where the goals judge
+   `agent_http_target_ports` (the ports of their `request_total`). `saturate-side`
+   runs http1-saturate's wrk in turns (agent.bench.loads rule 3) between the setup
+   and the saturation goal's peer only (`haproxy-http`, across nodes `haproxy-tls`),
+   on the setups the saturation goals judge but sockmap's (whose side peers are its
+   own plain path): the goals' ratio on the same minutes of the machine. The peer is
+   the setup measured alone, started on the twin pods (agent.bench.topology rule 9)
+   and loaded from its own client pod: in the meshed pods an iptables capture's
+   connection tracking slowed it. wrk counts the requests answered within its turn,
+   so `sent` may fall short of what the node agents counted by the requests in flight
+   when a turn ended (64 at most per turn).
+11. `--quick` runs no `saturate-side` (its goals take `http1-saturate` then), and the
+   other side-by-side loads only on one node, where the goals judge
    them (added p99, sockmap: agent.bench.goals rules 1 and 3); across nodes they
    judge none and took 15 s of its run. Its memory is the goal's, at 100 pods.
    Named loads (`--loads`) run on every setup as ever.
@@ -119,7 +129,7 @@ from agent.bench import (
     report,
     setups,
 )
-from agent.bench.topology import per_node, placed
+from agent.bench.topology import per_node, placed, twin
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
@@ -133,6 +143,7 @@ _CPUCLOCK_SCHED = 2  # Linux's process CPU clock ids: (~pid << 3) | CPUCLOCK_SCH
 
 SIDE_PREFIX: Final = report.SIDE_PREFIX  # rule 10
 TCP_SIDE_PREFIX: Final = report.TCP_SIDE_PREFIX  # rule 10, opaque TCP on sockmap's setup
+SATURATE_SIDE: Final = report.SATURATE_SIDE  # rule 10, http1-saturate in turns
 ALL_LOADS = (
     "http1-rr",
     "http1-rate-500",
@@ -143,6 +154,7 @@ ALL_LOADS = (
     TCP_SIDE_PREFIX + "1000",
     TCP_SIDE_PREFIX + "2000",
     "http1-saturate",
+    SATURATE_SIDE,
     "h2-saturate",
     "tcp-throughput",
     "tcp-reverse",
@@ -162,6 +174,7 @@ _NOT_QUICK = (
     "tcp-reverse",
     SIDE_PREFIX + "2000",
     TCP_SIDE_PREFIX + "2000",
+    SATURATE_SIDE,
 )
 QUICK_LOADS = tuple(x for x in ALL_LOADS if x not in _NOT_QUICK)
 # The setups the goals are judged on (the peers, our two capture modes on one and two
@@ -452,6 +465,8 @@ def _applicable(target: Target, load: str) -> str | None:
         return "side by side: meshagent setups only (rule 10)"
     if load.startswith(TCP_SIDE_PREFIX) and not tcp_side_by_side(target.setup):
         return "opaque TCP side by side: sockmap's setup only (rule 10)"
+    if load == SATURATE_SIDE and not saturate_side_by_side(target.setup):
+        return "saturation side by side: meshagent setups but sockmap's (rule 10)"
     return None
 
 
@@ -464,6 +479,11 @@ def tcp_side_by_side(setup: str) -> bool:
     """Whether `setup` runs the `tcp-side-N` loads (rule 10): sockmap's, beside its own
     plain path."""
     return setup == report.ACCEL_SETUP
+
+
+def saturate_side_by_side(setup: str) -> bool:
+    """Whether `setup` runs `saturate-side` (rule 10)."""
+    return side_by_side(setup) and setup != report.ACCEL_SETUP
 
 
 @contextlib.contextmanager
@@ -480,18 +500,35 @@ def _side_peers(topo: Topology, target: Target) -> Iterator[list[Target]]:
         yield others
 
 
+@contextlib.contextmanager
+def _peers_beside(topo: Topology, target: Target, load: str) -> Iterator[list[Target]]:
+    """Rule 10's peers for `load` on `target`: `saturate-side`'s one, the saturation goal's
+    peer as measured alone, on the twin pods (agent.bench.topology rule 9); the other
+    side-by-side loads' (`_side_peers`)."""
+    if load != SATURATE_SIDE:
+        with _side_peers(topo, target) as others:
+            yield others
+        return
+    peer = peers.haproxy_tls if report.cross_node(target.setup) else peers.haproxy_one_hop("http")
+    with peer(twin(topo)) as started:
+        yield [started]
+
+
 def _side_load(
     topo: Topology, target: Target, load: str, opts: Options
 ) -> tuple[loads.Measured, dict[str, Any]]:
     """Rule 10: the setup's `Measured`, and for its row its peers' numbers (`side`), the
     requests its node agents counted (`agent_requests`) and the load sent it (`sent`,
     with the warm-up's); `tcp-side-N` the same with echo (`loads.tcp_side`)."""
-    tcp = load.startswith(TCP_SIDE_PREFIX)
-    rate = int(load.removeprefix(TCP_SIDE_PREFIX if tcp else SIDE_PREFIX))
-    run = loads.tcp_side if tcp else loads.http1_side
-    with _side_peers(topo, target) as others:
+    with _peers_beside(topo, target, load) as others:
         before = _agents_counted(target, time.time())
-        got = run([*others, target], rate, opts.duration_s, opts.warmup_s)
+        if load == SATURATE_SIDE:
+            got = loads.saturate_side([*others, target], opts.duration_s, opts.warmup_s)
+        else:
+            tcp = load.startswith(TCP_SIDE_PREFIX)
+            rate = int(load.removeprefix(TCP_SIDE_PREFIX if tcp else SIDE_PREFIX))
+            run = loads.tcp_side if tcp else loads.http1_side
+            got = run([*others, target], rate, opts.duration_s, opts.warmup_s)
         after = _agents_counted(target, time.time())
     mine = got[target.setup]
     side = {peer.setup: _rates(got[peer.setup]) for peer in others}

@@ -17,12 +17,22 @@
     tcp-side-N       the same with --proto echo: N requests/s of 64 bytes of
                      opaque TCP that the server echoes (`tcp_side`, netperf
                      TCP_RR-like), to each path's echo port
+    saturate-side    http1-saturate's wrk over several paths taking turns in
+                     `SATURATE_SLICE_S` slices (`saturate_side`, rule 3)
 
 Rules:
 1. A load returns a `Measured`: requests (or bytes) done, errors, elapsed
    seconds and, when it measured them, latency percentiles in ms.
 2. Output parsers are pure functions (tested on recorded output); a load
    whose tool fails raises `LoadError` with the tool's stderr.
+3. `saturate-side` runs wrk (http1-saturate's: 64 connections) on each path in turn,
+   from the path's own client pod, `SATURATE_SLICE_S` seconds a turn, in the order
+   `turns` gives (ABBA: each path as often early as late in a cycle), after one
+   unmeasured turn each. A path's numbers are its turns' summed (`merged`): the
+   machine's speed drifts from minute to minute by more than the goals' margins
+   (haproxy-tls 22.6k-27.5k requests/s between rounds of the same run, bench/RESULTS.md
+   fifty-fifth pass), and turns of seconds give every path the same minutes. wrk
+   reconnects at each turn: 64 connections a turn, on every path alike.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from agent.bench.hist import Histogram
+from agent.bench.report import SATURATE_SIDE
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
@@ -52,6 +63,7 @@ POST_BODY_BYTES = 1024  # http1-post-saturate's request bodies
 CONN_LOOPS = 16
 RR_CONNECTIONS = 1
 SIDE_SLICE_S = 1.0
+SATURATE_SLICE_S = 2  # saturate-side's turns (rule 3), whole seconds: wrk's -d
 ECHO_SIZE = 64  # bytes per tcp-side request (agent.bench.loadgen rule 6)
 
 
@@ -265,6 +277,52 @@ def _side(  # noqa: PLR0913 - the load, where from and to, and its knobs
     argv += [f"--slice={SIDE_SLICE_S}", *more]
     timeout = (duration + warmup) * len(paths) + 30
     return _parse(load, from_side, _run(client, load, argv, timeout))
+
+
+def turns(paths: int, cycles: int) -> list[int]:
+    """Rule 3's order of `paths` turns over `cycles` cycles: forward, then backward
+    (ABBA), so no path always goes first or last."""
+    out: list[int] = []
+    for cycle in range(cycles):
+        order = range(paths) if cycle % 2 == 0 else range(paths - 1, -1, -1)
+        out.extend(order)
+    return out
+
+
+def merged(parts: list[Measured]) -> Measured:
+    """Rule 3: one path's turns as one `Measured`: counts and times summed, latency the
+    median of the turns' percentiles (wrk reports percentiles, not its histogram)."""
+
+    def median(values: list[float | None]) -> float | None:
+        known = sorted(v for v in values if v is not None)
+        return known[len(known) // 2] if known else None
+
+    return Measured(
+        requests=sum(p.requests for p in parts),
+        errors=sum(p.errors for p in parts),
+        elapsed_s=sum(p.elapsed_s for p in parts),
+        p50_ms=median([p.p50_ms for p in parts]),
+        p99_ms=median([p.p99_ms for p in parts]),
+    )
+
+
+def saturate_side(targets: list[Target], duration: float, warmup: float) -> dict[str, Measured]:
+    """`http1-saturate` over `targets` taking turns (rule 3), each target about
+    `duration` seconds after one unmeasured turn of `warmup` (when at least 1 s), each
+    from its own client pod; each target's numbers by its setup name.
+
+    Raises:
+        LoadError: wrk failed or printed what we cannot read.
+    """
+    load = SATURATE_SIDE
+    if warmup >= 1:
+        for t in targets:
+            _wrk(t, load, warmup, [])
+    cycles = max(1, round(duration / SATURATE_SLICE_S))
+    got: dict[str, list[Measured]] = {t.setup: [] for t in targets}
+    for i in turns(len(targets), cycles):
+        got[targets[i].setup].append(_wrk(targets[i], load, SATURATE_SLICE_S, []))
+    return {name: merged(parts) for name, parts in got.items()}
 
 
 def conn_rate(target: Target, duration: float, warmup: float) -> Measured:

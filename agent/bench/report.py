@@ -74,7 +74,10 @@ Rules:
    and sums the row's `SIDE_COUNTS`.
    `side_notes` says each in one line. With more than one round the document
    keeps every round's rows under `measured`, and each variant its own (the
-   sides' numbers per round).
+   sides' numbers per round). `saturate-side` (`SATURATE_SIDE`, agent.bench.loads
+   rule 3) is http1-saturate in turns against the goal's peer only (`haproxy-http`,
+   across nodes `haproxy-tls`; no baseline): its side holds that peer's requests/s,
+   and its ratio is `http1_saturate_rps:<setup>/<peer>@saturate-side`.
 11. Memory (`memory_summary`): per setup and pod count, RSS and PSS of the
    supervisor and of its workers, with `workers` and each worker's mean
    (`per_worker_rss_mb`, `per_worker_pss_mb`). The goal is judged on this
@@ -105,6 +108,7 @@ FLOOR_TLS_SETUP = "python-floor-tls"
 CROSS_PEER = "haproxy-tls"
 SIDE_PREFIX = "http1-side-"  # rule 10
 TCP_SIDE_PREFIX = "tcp-side-"  # rule 10, opaque TCP echo (rule 4 keeps it apart)
+SATURATE_SIDE = "saturate-side"  # rule 10, http1-saturate in turns
 # a side-by-side row's counts of the mesh's path (agent.bench.harness rule 10), summed
 SIDE_COUNTS = ("sent", "agent_requests", "agent_inbound_requests")
 L7_PEERS = ("haproxy-tls-h1", "haproxy-tls-h2")  # rule 8
@@ -138,7 +142,7 @@ def cross_node(setup: str) -> bool:
 
 def side_load(load: str) -> bool:
     """Whether `load` ran side by side (rule 10): its peers' numbers are in its row."""
-    return load.startswith((SIDE_PREFIX, TCP_SIDE_PREFIX))
+    return load == SATURATE_SIDE or load.startswith((SIDE_PREFIX, TCP_SIDE_PREFIX))
 
 
 def baseline_of(setup: str) -> str:
@@ -209,6 +213,7 @@ def _ratio(mine: float | None, peer: float | None) -> float | None:
 # (metric name, row key, load, same-node peer, cross-node peer)
 _RATIOS: list[tuple[str, str, str, str, str]] = [
     ("http1_saturate_rps", "rps", "http1-saturate", "haproxy-http", CROSS_PEER),
+    ("http1_saturate_rps", "rps", SATURATE_SIDE, "haproxy-http", CROSS_PEER),
     ("h2_saturate_rps", "rps", "h2-saturate", "haproxy-http", CROSS_PEER),
     ("http1_post_rps", "rps", "http1-post-saturate", "haproxy-http", CROSS_PEER),
     ("added_p99", "added_p99_ms", "http1-rate-1000", "haproxy-http", CROSS_PEER),
@@ -581,6 +586,9 @@ def side_notes(rows: Sequence[Row]) -> list[str]:
         side = r.get("side")
         if not side or r.get("error"):
             continue
+        if r["load"] == SATURATE_SIDE:
+            lines.append(_saturate_side_note(r, side))
+            continue
         tcp = _tcp_rr_load(r["load"])
         rate = r["load"].removeprefix(TCP_SIDE_PREFIX if tcp else SIDE_PREFIX)
         base = baseline_of(r["setup"])
@@ -606,6 +614,19 @@ def side_notes(rows: Sequence[Row]) -> list[str]:
         what = "opaque TCP echo " if tcp else ""
         lines.append(f"{what}side by side at {rate} req/s (1 s turns): {'; '.join(parts)}{verdict}")
     return lines
+
+
+def _saturate_side_note(r: Row, side: dict[str, Any]) -> str:
+    """`side_notes`' line for a `saturate-side` row (rule 10)."""
+    parts = [f"{name} {round(one.get('rps') or 0)} req/s" for name, one in side.items()]
+    parts.append(f"{r['setup']} {round(r.get('rps') or 0)} req/s")
+    quotients = [
+        f"{ratio}x {name}'s"
+        for name, one in side.items()
+        if (ratio := _ratio(_number(r.get("rps")), _number(one.get("rps")))) is not None
+    ]
+    verdict = f": {', '.join(quotients)}" if quotients else ""
+    return f"http1-saturate side by side (in turns): {'; '.join(parts)}{verdict}"
 
 
 def paired_ratios(rows: Sequence[Row]) -> dict[str, float]:

@@ -51,11 +51,23 @@ Rules:
    ones in `config.linkerd.io/opaque-ports`, so the control plane's profile and
    policy say opaque and the node agent relays them byte for byte, with no protocol
    detection (its metrics count TCP connections to them, no HTTP requests).
+9. Twin pods for the peers measured in turns with a meshagent setup
+   (`saturate-side`, agent.bench.harness rule 10): `pcli` and `psrv` on `a`, `psrv2`
+   on `b`, named so no node agent discovers them and in no manifest, the bench
+   server (:8080 only) in `psrv` and `psrv2`. `twin(topo)` is the topology with them in
+   `cli`, `srv` and `srv2`'s places, so a peer setup started on it is the one measured
+   alone, in pods no capture touches: an iptables capture's REDIRECT turns on
+   connection tracking for its whole pod, and a peer in the meshed pods paid it on
+   every packet (haproxy-http 16% and haproxy-tls 19% slower saturated in turns there;
+   tried instead: raw-table NOTRACK rules for the peers' ports, a match on every
+   packet of both paths, and both ran 10-20% below their rates alone:
+   bench/RESULTS.md, fifty-sixth pass).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -241,6 +253,23 @@ class Topology:
     srv2: LabPod
     workdir: Path
     mesh: MeshPlane
+    # rule 9's twins, outside the mesh (None: a topology built without them)
+    peer_cli: LabPod | None = None
+    peer_srv: LabPod | None = None
+    peer_srv2: LabPod | None = None
+
+
+def twin(topo: Topology) -> Topology:
+    """`topo` with rule 9's twin pods in the meshed pods' places.
+
+    Raises:
+        BenchError: `topo` was built without them.
+    """
+    if topo.peer_cli is None or topo.peer_srv is None or topo.peer_srv2 is None:
+        raise BenchError("saturate-side", "the topology has no twin pods for the peers")
+    return dataclasses.replace(
+        topo, cli=topo.peer_cli, srv=topo.peer_srv, srv2=topo.peer_srv2, peer_cli=None
+    )
 
 
 SetupFn = Callable[[Topology], contextlib.AbstractContextManager[Target]]
@@ -323,6 +352,7 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
     a = lab.node("a", isolated=True)
     b = lab.node("b", isolated=True)
     lab.link(a, b)
+    pcli, psrv, psrv2 = lab.pod(a, "pcli"), lab.pod(a, "psrv"), lab.pod(b, "psrv2")  # rule 9
     topo = Topology(
         lab=lab,
         a=a,
@@ -332,6 +362,9 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
         srv2=make_pod(lab, b, "srv2"),
         workdir=workdir,
         mesh=MeshPlane(workdir=workdir),
+        peer_cli=pcli,
+        peer_srv=psrv,
+        peer_srv2=psrv2,
     )
     ports = (HTTP_PORT, PLAIN_PORT, ECHO_PORT, ECHO_PLAIN_PORT, IPERF_PORT)
     # the side-by-side peers' ports stay outside the mesh: the server's second port (and
@@ -354,9 +387,14 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
     )
     # a process in cli from the start: node agents find pods by their processes
     topo.cli.spawn(["sleep", "86400"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for pod in (topo.cli, topo.srv, topo.srv2):
+    twins = (psrv, psrv2)
+    for pod in (topo.cli, topo.srv, topo.srv2, pcli, *twins):
         tune_pod(pod)
     server = [sys.executable, "-m", "agent.bench.server"]
+    for pod in twins:  # rule 9
+        pod.spawn(
+            [*server, f"--port={HTTP_PORT}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
     for pod in (topo.srv, topo.srv2):
         argv = [*server, *(f"--port={port}" for port in (HTTP_PORT, SIDE_PORT, PLAIN_PORT))]
         argv += [f"--echo-port={port}" for port in ECHO_PORTS]
@@ -369,6 +407,8 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
     for pod in (topo.srv, topo.srv2):
         for port in (HTTP_PORT, SIDE_PORT, PLAIN_PORT, *ECHO_PORTS, IPERF_PORT):
             wait_port(topo.cli, pod.ip, port)
+    for pod in twins:
+        wait_port(pcli, pod.ip, HTTP_PORT)
     return topo
 
 

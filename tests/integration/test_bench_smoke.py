@@ -348,3 +348,36 @@ def test_the_post_load_carries_bodies_through_haproxy_and_the_mesh(tmp_path):
         assert row["warmup_requests"] > 0, row
     key = "http1_post_rps:meshagent-ebpf/haproxy-http@http1-post-saturate"
     assert data["ratios"][key] > 0
+
+
+@pytest.mark.timeout(150)
+def test_saturation_in_turns_runs_the_peer_alone_on_the_twin_pods_beside_the_agents(tmp_path):
+    """harness rule 10's `saturate-side`: one 2 s turn each (a `--duration` under one
+    turn), the goal's peer only, its requests bypassing the node agents, and the
+    saturation goals judged on it."""
+    setups = "meshagent-iptables,meshagent-ebpf-xnode"
+    doc = _bench(tmp_path, setups, "saturate-side", timeout=140)
+    rows = {r["setup"]: r for r in doc["results"]}
+    for setup, peer in (
+        ("meshagent-iptables", "haproxy-http"),
+        ("meshagent-ebpf-xnode", "haproxy-tls"),
+    ):
+        row = rows[setup]
+        assert "error" not in row, row
+        assert set(row["side"]) == {peer}
+        assert row["errors"] == row["side"][peer]["errors"] == 0, row
+        assert row["rps"] > 0
+        assert row["side"][peer]["rps"] > 0
+        # wrk counts what was answered in its turn; the agents also what was in flight at
+        # its end: never the peer's (which would double the count)
+        assert row["sent"] <= row["agent_requests"] <= row["sent"] + 64, row
+        name = f"http1_saturate_rps:{setup}/{peer}@saturate-side"
+        assert doc["ratios"][name] == round(row["rps"] / row["side"][peer]["rps"], 3)
+    goals = {g["goal"]: g for g in doc["goals"]}
+    assert list(goals["saturate"]["values"]) == [
+        "http1_saturate_rps:meshagent-iptables/haproxy-http@saturate-side"
+    ]
+    assert list(goals["saturate-xnode"]["values"]) == [
+        "http1_saturate_rps:meshagent-ebpf-xnode/haproxy-tls@saturate-side"
+    ]
+    assert sum(n.startswith("http1-saturate side by side") for n in doc["notes"]) == 2

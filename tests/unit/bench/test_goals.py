@@ -189,3 +189,25 @@ def test_short_loads_carry_a_caveat_and_verdict_length_loads_none():
     assert "smoke check" in goals.caveat(1.0)
     assert goals.caveat(goals.VERDICT_LOAD_S) is None
     assert goals.caveat(10.0) is None
+
+
+def test_saturation_is_judged_in_turns_where_that_ran_else_on_the_sequential_load():
+    seq = "http1_saturate_rps:{}/{}@http1-saturate"
+    side = "http1_saturate_rps:{}/{}@saturate-side"
+    ratios = {
+        seq.format("meshagent-ebpf", "haproxy-http"): 0.95,  # the turns' number wins
+        side.format("meshagent-ebpf", "haproxy-http"): 1.1,
+        seq.format("meshagent-iptables", "haproxy-http"): 1.05,  # no turns: sequential
+        seq.format("meshagent-ebpf-xnode", "haproxy-tls"): 1.2,
+        side.format("meshagent-ebpf-xnode", "haproxy-tls"): 0.97,
+    }
+    got = _by_name(_doc(ratios))
+    assert got["saturate"]["values"] == {
+        side.format("meshagent-ebpf", "haproxy-http"): 1.1,
+        seq.format("meshagent-iptables", "haproxy-http"): 1.05,
+    }
+    assert got["saturate"]["met"] is True
+    assert got["saturate-xnode"]["values"] == {
+        side.format("meshagent-ebpf-xnode", "haproxy-tls"): 0.97
+    }
+    assert got["saturate-xnode"]["met"] is False

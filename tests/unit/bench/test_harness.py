@@ -10,7 +10,7 @@ import time
 import pytest
 
 from agent import native
-from agent.bench import setups
+from agent.bench import harness, setups
 from agent.bench.harness import (
     ALL_LOADS,
     BASE,
@@ -334,3 +334,14 @@ def test_the_cli_names_a_bad_variant_and_starts_nothing():
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "--variant='x:1A=2': --variant x: '1A=2' is not KEY=VALUE" in done.stderr
+
+
+def test_saturation_in_turns_runs_in_full_runs_on_the_judged_setups_but_sockmaps():
+    assert "saturate-side" in ALL_LOADS
+    assert "saturate-side" not in Options.make(quick=True).loads
+    assert "saturate-side" in Options.make(quick=False).loads
+    # named, `http1-saturate` stays the sequential load alone
+    assert Options.make(quick=False, loads_="http1-saturate").loads == ("http1-saturate",)
+    assert harness.saturate_side_by_side("meshagent-iptables-xnode")
+    assert not harness.saturate_side_by_side("meshagent-ebpf-accel")
+    assert not harness.saturate_side_by_side("haproxy-http")

@@ -102,3 +102,24 @@ def test_the_post_script_makes_wrk_send_bodies_of_the_size_asked():
     assert 'wrk.method = "POST"' in script
     assert 'string.rep("x", 1024)' in script
     assert loads.POST_BODY_BYTES == 1024
+
+
+def test_saturation_turns_go_forward_then_backward_so_each_path_leads_as_often():
+    assert loads.turns(2, 4) == [0, 1, 1, 0, 0, 1, 1, 0]
+    assert loads.turns(3, 2) == [0, 1, 2, 2, 1, 0]
+    order = loads.turns(3, 4)
+    firsts = [order[i * 3] for i in range(4)]
+    assert sorted(firsts) == [0, 0, 2, 2]
+    assert order.count(1) == 4
+
+
+def test_a_paths_turns_merge_into_summed_counts_and_median_percentiles():
+    parts = [
+        loads.Measured(requests=100, errors=1, elapsed_s=2.0, p50_ms=1.0, p99_ms=5.0),
+        loads.Measured(requests=300, errors=0, elapsed_s=2.0, p50_ms=3.0, p99_ms=4.0),
+        loads.Measured(requests=200, errors=2, elapsed_s=2.0, p50_ms=2.0, p99_ms=None),
+    ]
+    m = loads.merged(parts)
+    assert (m.requests, m.errors, m.elapsed_s) == (600, 3, 6.0)
+    assert m.rps == 100.0
+    assert (m.p50_ms, m.p99_ms) == (2.0, 5.0)

@@ -633,3 +633,38 @@ def test_a_side_by_side_ratio_is_left_out_when_haproxy_added_nothing():
     assert not any("http1-side" in k for k in doc["ratios"])
     (line,) = [n for n in doc["notes"] if n.startswith("side by side")]
     assert line.endswith("(added 0.05)")
+
+
+def test_saturation_in_turns_is_set_against_the_peer_beside_it_and_said_in_a_note():
+    rows = [
+        # the sequential rows must not be used for the load in turns
+        {"setup": "haproxy-http", "load": "saturate-side", "rps": 99999.0},
+        {"setup": "haproxy-tls", "load": "http1-saturate", "rps": 1.0},
+        {
+            "setup": "meshagent-iptables",
+            "load": "saturate-side",
+            "rps": 44000.0,
+            "side": {"haproxy-http": {"rps": 40000.0, "requests": 320000, "errors": 0}},
+        },
+        {
+            "setup": "meshagent-ebpf-xnode",
+            "load": "saturate-side",
+            "rps": 30000.0,
+            "side": {"haproxy-tls": {"rps": 25000.0, "requests": 200000, "errors": 0}},
+        },
+    ]
+    doc = report.document({}, rows, [])
+    assert doc["ratios"]["http1_saturate_rps:meshagent-iptables/haproxy-http@saturate-side"] == 1.1
+    assert doc["ratios"]["http1_saturate_rps:meshagent-ebpf-xnode/haproxy-tls@saturate-side"] == 1.2
+    assert not any("added_p99" in name and "saturate-side" in name for name in doc["ratios"])
+    lines = [n for n in doc["notes"] if n.startswith("http1-saturate side by side")]
+    assert lines == [
+        (
+            "http1-saturate side by side (in turns): haproxy-http 40000 req/s; "
+            "meshagent-iptables 44000 req/s: 1.1x haproxy-http's"
+        ),
+        (
+            "http1-saturate side by side (in turns): haproxy-tls 25000 req/s; "
+            "meshagent-ebpf-xnode 30000 req/s: 1.2x haproxy-tls's"
+        ),
+    ]

@@ -47,3 +47,16 @@ def test_no_cpus_or_no_nodes_is_refused() -> None:
         topology.split_cpus([], 2)
     with pytest.raises(ValueError, match="cannot split"):
         topology.split_cpus([0, 1], 0)
+
+
+def test_the_twin_topology_puts_the_peers_pods_in_the_meshed_pods_places():
+    pods = {name: object() for name in ("cli", "srv", "srv2", "pcli", "psrv", "psrv2")}
+    base = {"lab": None, "a": None, "b": None, "workdir": None, "mesh": None}
+    topo = topology.Topology(**base, cli=pods["cli"], srv=pods["srv"], srv2=pods["srv2"])
+    with pytest.raises(topology.BenchError, match="no twin pods"):
+        topology.twin(topo)
+    topo.peer_cli, topo.peer_srv, topo.peer_srv2 = pods["pcli"], pods["psrv"], pods["psrv2"]
+    got = topology.twin(topo)
+    assert (got.cli, got.srv, got.srv2) == (pods["pcli"], pods["psrv"], pods["psrv2"])
+    assert got.peer_cli is None  # no twin of the twins
+    assert topo.cli is pods["cli"]  # the meshed topology itself is left as it was
