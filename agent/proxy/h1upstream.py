@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Final, cast
 
 from agent.proxy import http1
 from agent.proxy.http1 import BodyData, MessageEnd, ProtocolError, ResponseHead, Upgraded
+from agent.proxy.tlsio import TlsTransport, closing
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
@@ -262,7 +263,7 @@ class UpstreamConn(asyncio.Protocol):
             and not self.eof
             and self.exch is None
             and tr is not None
-            and not tr.is_closing()
+            and not closing(tr)
             and self.parser.between_messages
         )
 
@@ -298,5 +299,8 @@ class UpstreamConn(asyncio.Protocol):
         """The exchange ended. Reading resumes if a slow client had paused it (rule 3)."""
         self.exch = None
         tr = self.transport
-        if tr is not None and not tr.is_reading() and not tr.is_closing():
+        if isinstance(tr, TlsTransport):  # compiled: called natively, not by name
+            if not tr.is_reading() and not tr.is_closing():
+                tr.resume_reading()
+        elif tr is not None and not tr.is_reading() and not tr.is_closing():
             tr.resume_reading()

@@ -19,7 +19,10 @@ Rules:
    per CPU, bench/RESULTS.md, twenty-first pass).
 3. A lane's key is one object per (key, lane) (`lane_key`), kept by each client
    connection (agent.proxy.h1toh2's `lane_key`), so the pool finds the last key's
-   connections by identity: a tuple's hash is computed again at every lookup.
+   connections by identity: a tuple's hash is computed again at every lookup. `busy`
+   remembers a key it found no connection for too (under `--h2-upgrade auto` a quiet
+   endpoint's lane has none, and each request asked: 600 instructions a cross-node
+   request); adding that key's first connection forgets it.
 """
 
 from __future__ import annotations
@@ -114,7 +117,11 @@ class H2Pool:
     def busy(self, key: Hashable) -> bool:
         """Whether a connection to `key` has a stream open: a request joining it shares the
         lane's TLS records and wake-ups (agent.proxy.h1toh2 rule 7)."""
-        conns = self._last_conns if key is self._last_key else self._conns.get(key)
+        if key is self._last_key:
+            conns = self._last_conns
+        else:  # remembered, found or not: `_conn` forgets it when it adds (rule 3)
+            conns = self._conns.get(key)
+            self._last_key, self._last_conns = key, conns
         for conn in conns or ():  # noqa: SIM110 - not `any` over a generator: asked per request
             if conn.streams:
                 return True
@@ -148,6 +155,7 @@ class H2Pool:
         conn.pool_key = key
         conn.on_idle = self._drop
         self._conns.setdefault(key, []).append(conn)
+        self._last_key, self._last_conns = None, None  # `busy` may remember it had none
         self.opened += 1
         if not fut.done():
             fut.set_result(conn)

@@ -68,6 +68,14 @@ def _decrypt(read: Callable[[int], bytes]) -> bytes | None:
         return b""
 
 
+def closing(transport: asyncio.BaseTransport) -> bool:
+    """`transport.is_closing()`; a `TlsTransport`'s called natively, where a transport
+    typed as any asyncio transport is asked by name (a method lookup per call)."""
+    if isinstance(transport, TlsTransport):
+        return transport.is_closing()
+    return transport.is_closing()
+
+
 class TlsHandshakeError(AgentError):
     """The TLS handshake failed (bad certificate, no certificate, wrong protocol...)."""
 

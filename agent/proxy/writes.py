@@ -68,6 +68,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
+from agent.proxy.tlsio import TlsTransport
 from agent.proxy.uring import MIN_SENDS, PLAIN_TRANSPORTS, SendRing
 
 if TYPE_CHECKING:
@@ -169,10 +170,12 @@ class WriteBatch:
 def _write(items: list[tuple[asyncio.WriteTransport, bytes | memoryview]]) -> None:
     """Rule 4: each held write, skipping closed transports; a failure stays its own."""
     for transport, data in items:
-        if transport.is_closing():
-            continue
         try:
-            transport.write(data)
+            if isinstance(transport, TlsTransport):  # compiled: called natively, not by name
+                if not transport.is_closing():
+                    transport.write(data)
+            elif not transport.is_closing():
+                transport.write(data)
         except Exception:  # rule 4: one transport's failure stays its own
             logger.warning("held write failed, aborting its connection", exc_info=True)
             transport.abort()
