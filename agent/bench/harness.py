@@ -37,7 +37,7 @@ Rules:
    the loads were not named (`--loads`), only the loads they explain
    (`EXPLAIN_LOADS`): the saturation loads, where the floors and HAProxy's
    L7 peers are compared (agent.bench.report rules 5 and 8) and where the
-   upgrade modes differ. That keeps the full run near 24 minutes (`FULL_DURATION_S`); named loads
+   upgrade modes differ. That keeps the full run near 25 minutes (`FULL_DURATION_S`); named loads
    run on every named setup.
 9. Where this process would load the current native build (`agent.native`)
    and `MESHAGENT_NATIVE` does not switch it off, a meshagent setup whose
@@ -164,7 +164,7 @@ NAMED_LOADS = ("http1-post-saturate",)  # run only when `--loads` names them
 PLACEMENTS = ("split", "shared")
 MEMORY_PODS = (1, 10, 50, 100)
 QUICK_MEMORY_PODS = (100,)  # rule 11: the goal's
-# Seconds per load. The full run's 8 s keep it near 24 minutes, well under the 30 the
+# Seconds per load. The full run's 8 s keep it near 25 minutes, under the 30 the
 # issue allows (10 s took 26.5); `--duration` and `--repeat` buy precision where it counts.
 FULL_DURATION_S = 8.0
 QUICK_DURATION_S = 1.0
