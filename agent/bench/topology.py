@@ -60,7 +60,7 @@ Rules:
    connection tracking for its whole pod, and a peer in the meshed pods paid it on
    every packet (haproxy-http 16% and haproxy-tls 19% slower saturated in turns there;
    tried instead: raw-table NOTRACK rules for the peers' ports, a match on every
-   packet of both paths, and both ran 10-20% below their rates alone:
+   packet of both paths, and both ran 7-20% below their rates alone:
    bench/RESULTS.md, fifty-sixth pass).
 """
 
