@@ -856,7 +856,7 @@ def run(opts: Options, *, progress: Callable[[str], None] | None = None) -> dict
     try:
         with Lab("mab" + secrets.token_hex(2)) as lab:
             say("building the lab: nodes a, b; pods cli, srv (a), srv2 (b)")
-            topo = setups.build_topology(lab, workdir)
+            topo = setups.build_topology(lab, workdir, twins=SATURATE_SIDE in opts.loads)
             try:
                 _warm_up(topo)
                 for rnd in range(1, opts.repeat + 1):

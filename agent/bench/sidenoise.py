@@ -65,7 +65,7 @@ def measure(*, runs: int, duration: float, rate: int, warmup: float) -> list[dic
     out: list[dict[str, Any]] = []
     try:
         with Lab("mas" + secrets.token_hex(2)) as lab:
-            topo = setups.build_topology(lab, workdir)
+            topo = setups.build_topology(lab, workdir, twins=False)
             try:
                 with placed(topo, 1), peers.side_peers(topo, cross=None) as (direct, proxy):
                     targets = [

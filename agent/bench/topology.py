@@ -54,7 +54,8 @@ Rules:
 9. Twin pods for the peers measured in turns with a meshagent setup
    (`saturate-side`, agent.bench.harness rule 10): `pcli` and `psrv` on `a`, `psrv2`
    on `b`, named so no node agent discovers them and in no manifest, the bench
-   server (:8080 only) in `psrv` and `psrv2`. `twin(topo)` is the topology with them in
+   server (:8080 only) in `psrv` and `psrv2`; built for runs that have that load
+   (`build_topology(..., twins=)`). `twin(topo)` is the topology with them in
    `cli`, `srv` and `srv2`'s places, so a peer setup started on it is the one measured
    alone, in pods no capture touches: an iptables capture's REDIRECT turns on
    connection tracking for its whole pod, and a peer in the meshed pods paid it on
@@ -342,8 +343,9 @@ def _tail(log: Path | None, size: int = 600) -> str:
     return f"; its log ({log}): {text[-size:]}" if text else ""
 
 
-def build_topology(lab: Lab, workdir: Path) -> Topology:
-    """Nodes, pods, servers (see the module docstring).
+def build_topology(lab: Lab, workdir: Path, *, twins: bool = True) -> Topology:
+    """Nodes, pods, servers (see the module docstring); rule 9's twin pods when `twins`
+    (a run without `saturate-side` has no use for them).
 
     Raises:
         LabError: the lab could not create them.
@@ -352,7 +354,7 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
     a = lab.node("a", isolated=True)
     b = lab.node("b", isolated=True)
     lab.link(a, b)
-    pcli, psrv, psrv2 = lab.pod(a, "pcli"), lab.pod(a, "psrv"), lab.pod(b, "psrv2")  # rule 9
+    pcli, psrv, psrv2 = _twin_pods(lab, a, b) if twins else (None, None, None)
     topo = Topology(
         lab=lab,
         a=a,
@@ -387,14 +389,9 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
     )
     # a process in cli from the start: node agents find pods by their processes
     topo.cli.spawn(["sleep", "86400"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    twins = (psrv, psrv2)
-    for pod in (topo.cli, topo.srv, topo.srv2, pcli, *twins):
+    for pod in (topo.cli, topo.srv, topo.srv2):
         tune_pod(pod)
     server = [sys.executable, "-m", "agent.bench.server"]
-    for pod in twins:  # rule 9
-        pod.spawn(
-            [*server, f"--port={HTTP_PORT}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
     for pod in (topo.srv, topo.srv2):
         argv = [*server, *(f"--port={port}" for port in (HTTP_PORT, SIDE_PORT, PLAIN_PORT))]
         argv += [f"--echo-port={port}" for port in ECHO_PORTS]
@@ -407,9 +404,20 @@ def build_topology(lab: Lab, workdir: Path) -> Topology:
     for pod in (topo.srv, topo.srv2):
         for port in (HTTP_PORT, SIDE_PORT, PLAIN_PORT, *ECHO_PORTS, IPERF_PORT):
             wait_port(topo.cli, pod.ip, port)
-    for pod in twins:
-        wait_port(pcli, pod.ip, HTTP_PORT)
     return topo
+
+
+def _twin_pods(lab: Lab, a: LabNode, b: LabNode) -> tuple[LabPod, LabPod, LabPod]:
+    """Rule 9's pods (`pcli`, `psrv`, `psrv2`), tuned, their servers answering."""
+    pcli, psrv, psrv2 = lab.pod(a, "pcli"), lab.pod(a, "psrv"), lab.pod(b, "psrv2")
+    for pod in (pcli, psrv, psrv2):
+        tune_pod(pod)
+    server = [sys.executable, "-m", "agent.bench.server", f"--port={HTTP_PORT}"]
+    for pod in (psrv, psrv2):
+        pod.spawn(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for pod in (psrv, psrv2):
+        wait_port(pcli, pod.ip, HTTP_PORT)
+    return pcli, psrv, psrv2
 
 
 def _ports(*ports: int) -> str:
