@@ -28,7 +28,8 @@ Rules:
 3. `saturate-side` runs wrk (http1-saturate's: 64 connections) on each path in turn,
    from the path's own client pod, `SATURATE_SLICE_S` seconds a turn, in the order
    `turns` gives (ABBA: each path as often early as late in a cycle), after one
-   unmeasured turn each. A path's numbers are its turns' summed (`merged`): the
+   unmeasured turn each (its requests the path's `warmup_requests`). A path's numbers
+   are its turns' summed (`merged`): the
    machine's speed drifts from minute to minute by more than the goals' margins
    (haproxy-tls 22.6k-27.5k requests/s between rounds of the same run, bench/RESULTS.md
    fifty-fifth pass), and turns of seconds give every path the same minutes. wrk
@@ -37,6 +38,7 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -315,14 +317,15 @@ def saturate_side(targets: list[Target], duration: float, warmup: float) -> dict
         LoadError: wrk failed or printed what we cannot read.
     """
     load = SATURATE_SIDE
-    if warmup >= 1:
-        for t in targets:
-            _wrk(t, load, warmup, [])
+    warm = {t.setup: _wrk(t, load, warmup, []).requests if warmup >= 1 else 0 for t in targets}
     cycles = max(1, round(duration / SATURATE_SLICE_S))
     got: dict[str, list[Measured]] = {t.setup: [] for t in targets}
     for i in turns(len(targets), cycles):
         got[targets[i].setup].append(_wrk(targets[i], load, SATURATE_SLICE_S, []))
-    return {name: merged(parts) for name, parts in got.items()}
+    return {
+        name: dataclasses.replace(merged(parts), warmup_requests=warm[name])
+        for name, parts in got.items()
+    }
 
 
 def conn_rate(target: Target, duration: float, warmup: float) -> Measured:

@@ -4,6 +4,7 @@ building and once it drives traffic."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -36,8 +37,9 @@ def test_sigterm_takes_the_sandbox_down(tmp_path, when, line, status):
     argv = [*CLI, "sandbox", "up", "--nodes", "1"]
     argv += ["--redirect", "iptables"]
     out = tmp_path / "stdout"
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}  # SIGABRT prints every thread's stack
     with out.open("wb") as sink:
-        up = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO)
+        up = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     try:
         deadline = time.monotonic() + 180
         while line not in out.read_text():
@@ -46,7 +48,13 @@ def test_sigterm_takes_the_sandbox_down(tmp_path, when, line, status):
             time.sleep(0.05)
         assert _sandbox_netns()
         up.send_signal(signal.SIGTERM)
-        assert up.wait(timeout=120) == status, out.read_text()[-3000:]
+        try:
+            code = up.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # seen once in CI: where it hung goes into `out`
+            up.send_signal(signal.SIGABRT)
+            up.wait(timeout=30)
+            pytest.fail(f"still up 120 s after SIGTERM ({when}):\n{out.read_text()[-8000:]}")
+        assert code == status, out.read_text()[-3000:]
         left = (_sandbox_netns(), STATE.exists())
     finally:
         if up.poll() is None:
