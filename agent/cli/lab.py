@@ -13,11 +13,13 @@ exit 1 when no sandbox is up or something could not be removed.
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import contextlib
 import os
 import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from agent.cli import add_verbs, arg_type, emit, flag_or_env, output_flag
@@ -283,15 +285,34 @@ def _terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM raises KeyboardInterrupt here, as Ctrl-C does, so the command's cleanup
     runs (a bench's node agents, HAProxy and load processes stopped and its lab removed;
     a sandbox taken down); Python's default for SIGTERM is to die on the spot and leave
-    them all behind."""
+    them all behind.
+
+    Python runs a signal's handler in whatever Python code the main thread runs next,
+    and where that code can only print an exception (a fork hook, such as logging's
+    after every fork; a `__del__`), the interrupt is lost: CI once saw a SIGTERM sent
+    while the sandbox forked an agent ignored, and the sandbox built and ran on. The
+    unraisable hook sees such a lost interrupt and interrupts the main thread again
+    from a short-lived thread (the hook itself is such a place too)."""
 
     def interrupt(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
+    previous_hook = sys.unraisablehook
+
+    def lost(unraisable: sys.UnraisableHookArgs) -> None:
+        if unraisable.exc_type is not KeyboardInterrupt:
+            previous_hook(unraisable)
+            return
+        again = threading.Timer(0.01, _thread.interrupt_main, (signal.SIGTERM,))
+        again.daemon = True
+        again.start()
+
     previous = signal.signal(signal.SIGTERM, interrupt)
+    sys.unraisablehook = lost
     try:
         yield
     finally:
+        sys.unraisablehook = previous_hook
         signal.signal(signal.SIGTERM, previous)
 
 

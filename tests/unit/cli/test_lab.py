@@ -1,6 +1,11 @@
-"""agent.cli.lab: `meshagent bench` refuses bad flags and variables before it runs."""
+"""agent.cli.lab: `meshagent bench` refuses bad flags and variables before it runs; a
+SIGTERM becomes an interrupt even where Python would drop it."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +72,39 @@ def test_a_refused_flag_makes_no_out(tmp_path, capsys):
     assert _bench("--out", str(out), "--duration", "-1") == 2
     assert "--duration='-1'" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+
+
+# A SIGTERM handled inside a `__del__` (as inside logging's fork hook, where CI lost one
+# while the sandbox forked an agent): Python can only print the KeyboardInterrupt there.
+_LOST_THERE = """
+import os, signal, sys, time
+from agent.cli.lab import _terminate_as_interrupt
+
+class Dropped:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+with _terminate_as_interrupt():
+    try:
+        Dropped()
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            time.sleep(0.01)
+    except KeyboardInterrupt:
+        sys.exit(130)
+print("ran on")
+"""
+
+
+def test_a_sigterm_dropped_where_python_only_prints_it_interrupts_again():
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", _LOST_THERE],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert "Exception ignored" not in done.stderr
