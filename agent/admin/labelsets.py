@@ -23,7 +23,10 @@ Rules:
    ones in `_tcp` by (pod, direction, target, tls), authorization counters in
    `_authz` (filled by `_authz_counter`, looked up per request by the
    observer's `_authz_cell`); a pod's metadata once per PodInfo object; an
-   endpoint's identity and labels once per (authority, address).
+   endpoint's identity and labels once per (authority, address). A label set
+   seen before is looked up by its identity first (`_http_ids`, `_authz_ids`):
+   label sets are treated as immutable once passed, as the connections' caches
+   already did.
    `forget_departed` drops the series of pods no longer enrolled and bumps
    `gen`, so whatever holds resolved series (connection caches, bound
    handles) resolves them again.
@@ -60,6 +63,7 @@ if TYPE_CHECKING:
 
 SVC_AUTHORITY: Final = re.compile(r"^([^.]+)\.([^.]+)\.svc\.[^:]*:(\d+)$")
 _TLS_LOOPBACK: Final = Tls.no_identity("loopback")  # an outbound connection's, made once
+IDS_MAX: Final = 1024  # label sets remembered by identity (each table); cleared whole when full
 
 
 class LabelSets:
@@ -72,6 +76,12 @@ class LabelSets:
         self._http: dict[tuple[Any, ...], list[HttpSeries]] = {}
         self._tcp: dict[tuple[Any, ...], TcpSeries] = {}
         self._authz: dict[tuple[Any, ...], Counter] = {}
+        # Rule 3's lookups by a label set's identity first: the data path's label sets are
+        # shared objects (agent.proxy.outbound rule 5, the authorization's merged labels),
+        # so a new connection's are found without hashing their items. An entry holds its
+        # label set, whose id is in the key.
+        self._http_ids: dict[tuple[int, str, str], tuple[Labels, list[HttpSeries]]] = {}
+        self._authz_ids: dict[tuple[int, bool, bool, str], tuple[Labels, Counter]] = {}
         self._endpoints: dict[tuple[str, str], tuple[str | None, tuple[tuple[str, str], ...]]] = {}
         self.gen = 0  # bumped when interned series are dropped (per-connection caches, handles)
 
@@ -119,16 +129,25 @@ class LabelSets:
             self._http.clear()
             self._tcp.clear()
             self._authz.clear()
+            self._http_ids.clear()
+            self._authz_ids.clear()
         return gone
 
     # --- label sets --------------------------------------------------------------------
 
     def _http_series(self, conn: Conn | None, direction: str, labels: Labels) -> list[HttpSeries]:
+        ikey = (id(labels), direction, conn_pod(conn))
+        hit = self._http_ids.get(ikey)
+        if hit is not None and hit[0] is labels:
+            return hit[1]
         pod_key = self._own_pod(conn, labels) if direction == "inbound" else conn_pod(conn)
         key = (pod_key, direction, tuple(labels.items()))
         found = self._http.get(key)
         if found is None:
             found = self._http[key] = self._new_http(pod_key, direction, labels)
+        if len(self._http_ids) >= IDS_MAX:
+            self._http_ids.clear()
+        self._http_ids[ikey] = (labels, found)
         return found
 
     def _new_http(self, pod_key: str, direction: str, labels: Labels) -> list[HttpSeries]:

@@ -53,7 +53,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from agent import aio
-from agent.admin.labelsets import SVC_AUTHORITY
+from agent.admin.labelsets import IDS_MAX, SVC_AUTHORITY
 from agent.admin.metrics import Counter, HttpSeries, TcpSeries, errno_label
 from agent.admin.node import measure_loop_lag
 from agent.admin.tapping import TAP, Tapping
@@ -333,10 +333,18 @@ class Observer(Tapping):
         conn.obs = _Open(series, time.monotonic(), self.gen)
 
     def _authz_cell(self, conn: Conn | None, labels: Labels, allowed: bool, http: bool) -> Counter:
-        key = (http, allowed, tuple(labels.items()), conn.listener.pod if conn else "")
+        pod = conn.listener.pod if conn else ""
+        ikey = (id(labels), allowed, http, pod)  # labelsets rule 3: by identity first
+        hit = self._authz_ids.get(ikey)
+        if hit is not None and hit[0] is labels:
+            return hit[1]
+        key = (http, allowed, tuple(labels.items()), pod)
         counter = self._authz.get(key)
         if counter is None:
             counter = self._authz[key] = self._authz_counter(conn, labels, allowed, http)
+        if len(self._authz_ids) >= IDS_MAX:
+            self._authz_ids.clear()
+        self._authz_ids[ikey] = (labels, counter)
         return counter
 
     # --- reports ---------------------------------------------------------------------

@@ -25,6 +25,10 @@ Rules:
    (changed in place; agent.proxy.worker's `HANDLERS` is this dict) and
    `resolve_target` (this module's attribute, replaced). Both are read per connection;
    `target_of` asks `resolve_target` once per connection and keeps the answer.
+5. A connection's addresses (`Conn.peer`, `Conn.local`) are asked of the transport when
+   first read, not at accept: each is a system call and an address made into text, and
+   an outbound HTTP connection from a meshed pod reads neither (`Conn.port`, the
+   listener's, tells a connection that resolved to the listener itself without them).
 """
 
 from __future__ import annotations
@@ -61,8 +65,9 @@ class Conn:
         held: Accepted,
         loop: asyncio.AbstractEventLoop,
         transport: asyncio.Transport,
-        peer: Any,
-        local: Any,
+        peer: Any = None,
+        local: Any = None,
+        port: int = 0,
     ) -> None:
         self.worker: Any = worker
         # its listener's loop, for handlers: asyncio.get_running_loop() is a getpid() in
@@ -71,13 +76,31 @@ class Conn:
         self.listener = listener
         self.held = held
         self.transport = transport
-        # (ip, port) each; objects, not tuple types, to a compiled class (agent.native rule 7)
-        self.peer: Any = peer
-        self.local: Any = local
+        # (ip, port) each, asked of the transport when first read (`peer`, `local`: rule 5);
+        # objects, not tuple types, to a compiled class (agent.native rule 7)
+        self._peer: Any = peer
+        self._local: Any = local
+        self.port = port  # the listener's own port
         self.task: asyncio.Task[None] | None = None
         self.relay: Any = None  # agent.proxy.tcp.Relay, once a handler relays bytes
         self.obs: Any = None  # the recorder's per-connection record
         self.target: tuple[str, int] | None = None  # `target_of`'s answer, once asked
+
+    @property
+    def peer(self) -> Any:
+        """The client's (ip, port); ("?", 0) when the transport does not know it."""
+        peer = self._peer
+        if peer is None:
+            peer = self._peer = self.transport.get_extra_info("peername") or ("?", 0)
+        return peer
+
+    @property
+    def local(self) -> Any:
+        """The accepted socket's own (ip, port); ("?", 0) when the transport does not know it."""
+        local = self._local
+        if local is None:
+            local = self._local = self.transport.get_extra_info("sockname") or ("?", 0)
+        return local
 
     @property
     def socket(self) -> Any:
@@ -161,8 +184,7 @@ def accepted(lst: Any, held: Accepted) -> Conn:
         held=held,
         loop=loop,
         transport=transport,
-        peer=transport.get_extra_info("peername") or ("?", 0),
-        local=transport.get_extra_info("sockname") or ("?", 0),
+        port=lst.port,
     )
     worker.accepted_total += 1
     worker.conns.add(conn)

@@ -95,7 +95,15 @@ REPLAY_LIMIT: Final = 64 * 1024
 MAX_ATTEMPTS: Final = 5  # per request, original included; the retry budget bounds the total too
 # body bytes copied to join a head in one write; more go separately
 COALESCE_LIMIT: Final = 16 * 1024
-_HEAD_CACHE_MAX: Final = 32  # request heads (as received -> as sent) cached per connection
+# Heads as sent (rule 3), pure functions of what decides them: the request head as received
+# and the target's rewrite; the response head as received and the request's method, version
+# and keep-alive. Parsed heads are shared objects (agent.proxy.http1), so the worker's
+# connections share these too: a new connection's first request is a lookup, not a strip
+# and a render (bench/RESULTS.md, fifty-seventh pass). Bounded, cleared whole when full.
+# A request head's entry holds its rewrite, whose id is in the key.
+_HEAD_CACHE_MAX: Final = 256
+_SENT_HEADS: Final[dict[tuple[bytes, int], tuple[object, bytes]]] = {}
+_ANSWER_HEADS: Final[dict[tuple[bytes, bool, bytes, bool], HeadOut]] = {}
 
 __all__ = ["HttpConn", "Opener", "Plan", "Reject", "Router", "Target", "reject", "serve"]
 
@@ -135,9 +143,7 @@ class HttpConn:
         self.fast: CallbackExchange | h1toh2.UpExchange | None = None
         self.handoff: Handoff | None = None
         self.stop = False  # no further request on this connection
-        self._heads: dict[bytes, tuple[object, bytes]] = {}  # head as received -> (rewrite, sent)
-        self._resp_heads: dict[tuple[bytes, bool, bytes, bool], HeadOut] = {}
-        # The last answer of each cache, by the identity of what decided it: parsed heads
+        # The last answer of each head cache, by the identity of what decided it: parsed heads
         # are shared objects (agent.proxy.http1), so a repeat of the last request or
         # response is two identity checks instead of a hash and a dict lookup.
         self._sent_for: tuple[RequestHead, object, bytes] | None = None  # (head, rewrite, sent)
@@ -442,8 +448,9 @@ class HttpConn:
         if last is not None and last[0] is head and last[1] is rewrite:
             return last[2]
         raw = head.raw
+        key = (raw, id(rewrite))
         if raw:
-            hit = self._heads.get(raw)
+            hit = _SENT_HEADS.get(key)
             if hit is not None and hit[0] is rewrite:
                 self._sent_for = (head, rewrite, hit[1])
                 return hit[1]
@@ -454,9 +461,9 @@ class HttpConn:
             headers = rewrite(headers)
         out = h1msg.request_head_bytes(head.method, head.target, headers, head.version)
         if raw:
-            if len(self._heads) >= _HEAD_CACHE_MAX:
-                self._heads.clear()
-            self._heads[raw] = (rewrite, out)
+            if len(_SENT_HEADS) >= _HEAD_CACHE_MAX:
+                _SENT_HEADS.clear()
+            _SENT_HEADS[key] = (rewrite, out)
             self._sent_for = (head, rewrite, out)
         return out
 
@@ -471,12 +478,12 @@ class HttpConn:
         if not raw:
             return response_head(head, resp)
         key = (raw, head.method == b"HEAD", head.version, head.keep_alive)
-        hit = self._resp_heads.get(key)
+        hit = _ANSWER_HEADS.get(key)
         if hit is None:
             hit = response_head(head, resp)
-            if len(self._resp_heads) >= _HEAD_CACHE_MAX:
-                self._resp_heads.clear()
-            self._resp_heads[key] = hit
+            if len(_ANSWER_HEADS) >= _HEAD_CACHE_MAX:
+                _ANSWER_HEADS.clear()
+            _ANSWER_HEADS[key] = hit
         self._answer_for = (head, resp, hit)
         return hit
 

@@ -278,6 +278,7 @@ def authorize_http(  # noqa: PLR0913 - the facts of one request
     labels: dict[str, str],
     cache: AuthzCache | None = None,
     token: object = None,
+    shared_key: Hashable = None,
 ) -> tuple[Decision, BoundAuthz]:
     """Decide one HTTP/1 request or HTTP/2 stream with the current policy, and count it.
 
@@ -289,6 +290,9 @@ def authorize_http(  # noqa: PLR0913 - the facts of one request
     (one per client connection: same client facts) a decision for the same policy
     object, port, method and target is reused; `token`, the parser's head object (one
     per distinct head), makes a repeat of the last request an identity check.
+    `shared_key`, when given, stands for the client facts in `SharedDecisions`' key: it
+    must differ wherever they do (the same-node router's names the client by its address
+    as text, which hashes without an interpreted `IPv4Address.__hash__`).
     """
     state: WorkerState = worker.state  # typed: then a field read (agent.native rule 11)
     gen = state.generation
@@ -306,7 +310,11 @@ def authorize_http(  # noqa: PLR0913 - the facts of one request
             decisions = plane.decisions
             if decisions is None:
                 decisions = plane.decisions = SharedDecisions()
-            skey = (ckey, client_ip, identity, tls, port, tuple(labels.items()))
+            skey = (
+                (ckey, shared_key)
+                if shared_key is not None
+                else (ckey, client_ip, identity, tls, port, tuple(labels.items()))
+            )
             shared = decisions.get(skey, policy)
             if shared is None:
                 decision, merged = decide(

@@ -33,6 +33,14 @@ Flow per connection (DESIGN.md "Flows", outbound):
    (origproto rule 1) goes as HTTP/1 inside mTLS.
    Upstream sockets are made in A's netns with the proxy mark; the peer
    node's capture sends them to the peer pod's inbound listener.
+5. What routing makes of a request and depends on nothing but the client, the
+   destination and the state (a route's label set; the hop to an endpoint with
+   its opener, label set and same-node authorization facts) is made once per
+   worker for every connection from the same client (A's pod record, netns and
+   address) to the same destination (`Plane.routes`), not once per connection:
+   under new connections it was a quarter of a connection's instructions
+   (bench/RESULTS.md, fifty-seventh pass). A hop is checked against the state
+   generation, the endpoint, A's certificate and B's pod record before reuse.
 """
 
 from __future__ import annotations
@@ -165,10 +173,11 @@ class OutboundRouter(h1plan.Router):
 
     HTTP/1 uses it as its `Router` (`plan_now`, `plan`); HTTP/2 (agent.proxy.h2route)
     calls the protocol-neutral steps per stream: `destination`, `route_of`, `hop`,
-    `local_policy`. Both get the same per-connection memos. Each keeps one more: the
-    last request's hop and same-node authorization, reused by the next request with
-    the same head when the balancer picks the same endpoint (HTTP/1 `_Lane`, HTTP/2
-    `h2route._Repeat`).
+    `local_policy`. Both get the same memos of label sets and hops, shared with the
+    worker's other connections from the same client to the same destination (rule 5).
+    Each keeps one more of its own: the last request's hop and same-node authorization,
+    reused by the next request with the same head when the balancer picks the same
+    endpoint (HTTP/1 `_Lane`, HTTP/2 `h2route._Repeat`).
     """
 
     def __init__(
@@ -185,13 +194,17 @@ class OutboundRouter(h1plan.Router):
         self.key = key
         self.dst = dst
         # The client as B's policy sees it on a same-node hop: A's pod IP, else the peer.
-        self.client_ip = parse_ip(src.ip if src is not None else conn.peer[0])
+        client: str = src.ip if src is not None else conn.peer[0]
+        self.client = client
+        self.client_ip = parse_ip(client)
         # the loop's clock, bound once (httpproxy's `now`); the connection's loop, not
         # asyncio.get_running_loop(): a getpid() in 3.11
         self.now: Callable[[], float] = conn.loop.time
-        # Per-connection caches (the source pod and client facts never change on a connection):
-        self._labels: dict[tuple[str, str | None], dict[str, str]] = {}
-        self._choices: dict[tuple[tuple[str, int], int], _Choice] = {}
+        # The label sets and hops: shared by the worker's connections from this client to
+        # this destination (rule 5), so a new connection's first request finds them made.
+        shared = _shared(self.plane.routes, src, self.netns, client, key)
+        self._labels: dict[tuple[str, str | None], dict[str, str]] = shared.labels
+        self._choices: dict[tuple[tuple[str, int], int], _Choice] = shared.choices
         self.authz_cache = inbound.AuthzCache()  # shared by HTTP/1 requests and h2 streams
         self._memo: tuple[http1.RequestHead, int, httpproxy.Plan] | None = None
         self._lane: _Lane | None = None
@@ -213,7 +226,7 @@ class OutboundRouter(h1plan.Router):
             return None  # not known yet: `plan` asks and waits
         if isinstance(found, Refusal):
             return httpproxy.reject(found.status, found.message)
-        plan = self._plan(head, *found)
+        plan = self._plan(head, found[0], found[1])
         self._memo = (head, gen, plan)
         return plan
 
@@ -224,7 +237,7 @@ class OutboundRouter(h1plan.Router):
         found = await self.destination(h1msg.dst_override(head.headers))
         if isinstance(found, Refusal):
             return httpproxy.reject(found.status, found.message)
-        return self._plan(head, *found)
+        return self._plan(head, found[0], found[1])
 
     def _plan(
         self, head: http1.RequestHead, key: tuple[str, str], dst: Destination
@@ -341,7 +354,7 @@ class OutboundRouter(h1plan.Router):
             labels = {"direction": DIRECTION, "authority": authority}
             if route is not None:
                 labels["rt_route"] = route.name
-            if len(self._labels) >= _CACHE_MAX:
+            if len(self._labels) >= _SHARED_MAX:
                 self._labels.clear()
             self._labels[lkey] = labels
         return entry, route, labels
@@ -363,19 +376,23 @@ class OutboundRouter(h1plan.Router):
         """B's policy key and the facts a same-node request is authorized with (kept on `choice`).
 
         The facts are keyword arguments of `inbound.authorize_http`: A's identity as a
-        verified client, A's address, the port, B's inbound labels.
+        verified client, A's address, the port, B's inbound labels, and all of these as one
+        key for the worker's shared decisions.
         """
         if choice.authz is None:
             peer = choice.hop.peer
             assert peer is not None  # noqa: S101 - set for local hops
             port = choice.hop.addr[1]
             identity = self.src.identity if self.src is not None else None
+            labels = {"direction": "inbound", "namespace": peer.namespace, "pod": peer.name}
             facts = {
                 "client_ip": self.client_ip,
                 "identity": identity,
                 "tls": identity is not None,
                 "port": port,
-                "labels": {"direction": "inbound", "namespace": peer.namespace, "pod": peer.name},
+                "labels": labels,
+                # the same facts, hashable without the address object (authorize_http)
+                "shared_key": (self.client, identity, port, peer.namespace, peer.name),
             }
             choice.authz = ((POLICY, peer.key, port), facts)
         return choice.authz
@@ -431,13 +448,39 @@ class OutboundRouter(h1plan.Router):
             labels={**labels, "dst_addr": f"{ep.addr[0]}:{ep.addr[1]}", "hop": hop.kind},
             worker=self.worker,
         )
-        if len(self._choices) >= _CACHE_MAX:
+        if len(self._choices) >= _SHARED_MAX:
             self._choices.clear()
         self._choices[ckey] = got
         return got
 
 
-_CACHE_MAX: Final = 64  # entries per connection cache; cleared whole when full
+_SHARED_MAX: Final = 256  # entries per shared cache (and memos per worker); cleared whole when full
+
+
+class _Shared:
+    """Rule 5: an `OutboundRouter`'s label sets (by authority and route) and hops (by
+    endpoint and label set), for every connection from one client to one destination."""
+
+    __slots__ = ("choices", "labels", "src")
+
+    def __init__(self, src: PodInfo | None) -> None:
+        self.src = src  # held, so that no other pod's record takes its id while kept
+        self.labels: dict[tuple[str, str | None], dict[str, str]] = {}
+        self.choices: dict[tuple[tuple[str, int], int], _Choice] = {}
+
+
+def _shared(
+    routes: dict[Hashable, Any], src: PodInfo | None, netns: str, client: str, key: Hashable
+) -> _Shared:
+    """The memo of connections from `src` (its record: a new record is a new memo) in
+    `netns`, at address `client`, to destination `key`."""
+    mkey = (id(src), netns, client, key)
+    got: _Shared | None = routes.get(mkey)
+    if got is None or got.src is not src:
+        if len(routes) >= _SHARED_MAX:
+            routes.clear()
+        got = routes[mkey] = _Shared(src)
+    return got
 
 
 def _mesh_destination(
@@ -572,7 +615,9 @@ async def handle(conn: Conn) -> None:
     """Serve one connection accepted on a pod's outbound listener (see the module rules)."""
     worker = conn.worker
     orig = accept.target_of(conn)
-    if orig == conn.local:
+    # the listener itself? Its accepted sockets' local port is its own (REDIRECT and the
+    # connect hook both send to it), so only a match asks for the address (accept rule 5)
+    if orig[1] == conn.port and orig == conn.local:
         raise worker_mod.ProxyLoopError(conn.listener.listener_id, orig)
     src = worker.state.get((POD, conn.listener.pod))
     src = src if isinstance(src, PodInfo) else None

@@ -85,6 +85,8 @@ class Plane:
         self.guards: set[Guard] = set()
         self._watcher: asyncio.Task[None] | None = None
         self.decisions: SharedDecisions | None = None  # made by inbound.authorize_http
+        # agent.proxy.outbound rule 5: the routers' memos shared by a client's connections
+        self.routes: dict[Hashable, Any] = {}
 
     def entry(self, key: Hashable, dst: Destination) -> DstEntry:
         """The balancer entry of destination `key`, updated to `dst` if it changed."""

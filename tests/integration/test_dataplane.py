@@ -31,6 +31,7 @@ import pytest
 import pytest_asyncio
 
 from agent import native
+from agent.config import OUTBOUND_PORT
 from agent.identity import ca
 from agent.identity.names import Identity
 from agent.identity.tls import SealedKey, client_context, seal
@@ -488,6 +489,44 @@ async def test_same_node_path_needs_no_tls_and_enforces_the_target_policy(world)
     finally:
         ca_.close()
         cb.close()
+
+
+async def test_new_connections_from_two_pods_each_get_their_own_identity_and_policy(world):
+    """One request per connection, alternating alpha and beta, on each node's one worker:
+    what the worker shares between connections (outbound rule 5: hops, label sets, shared
+    decisions) is per client, so each connection is the one its pod makes alone."""
+
+    async def once(pod: str, vip: str) -> tuple[int | None, bytes]:
+        client = await Client.connect(world.pods[pod], (vip, 80))
+        try:
+            status, _, body = await client.request("/fresh")
+        finally:
+            client.close()
+        return status, body
+
+    for _ in range(10):
+        status, body = await once("a", VIP_LOCAL)  # same node: alpha allowed
+        assert (status, json.loads(body)["client_id"]) == (200, ALPHA.dns_name)
+        status, _ = await once("b", VIP_LOCAL)  # beta is not allowed on web1:8080
+        assert status == 403
+        for pod, ident in (("a", ALPHA), ("b", BETA)):  # across nodes: both allowed
+            status, body = await once(pod, VIP_WEB)
+            assert (status, json.loads(body)["client_id"]) == (200, ident.dns_name)
+
+
+async def test_a_connection_to_the_outbound_listener_itself_is_refused(world):
+    """Its target resolves to the listener: the proxy must not connect to itself."""
+    client = await Client.connect(world.pods["a"], ("127.0.0.1", OUTBOUND_PORT))
+    try:
+        with pytest.raises(ConnectionError):
+            await client.request("/loop")
+    finally:
+        client.close()
+    ok = await Client.connect(world.pods["a"], (VIP_LOCAL, 80))  # the worker serves on
+    try:
+        assert (await ok.request("/after"))[0] == 200
+    finally:
+        ok.close()
 
 
 async def test_l5d_dst_override_routes_by_authority(world):

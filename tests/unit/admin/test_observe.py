@@ -182,7 +182,6 @@ def test_a_failing_handle_is_logged_and_never_raises(
 def test_a_bound_handle_sees_a_tap_start_and_stop_while_its_connection_is_open(
     observer: Observer, conn: Any
 ) -> None:
-    conn.peer = ("10.0.0.9", 5555)
     bound = observer.bind_http("inbound", dict(LABELS))
     bound.exchange(200, 0.001, False)  # no tap yet: no event
     assert observer.take_tap() is None
@@ -236,7 +235,6 @@ async def test_a_tap_event_is_sent_soon_after_it_came_and_not_with_the_next_repo
     observer: Observer, conn: Any
 ) -> None:
     sup = _Supervisor(observer)
-    conn.peer = ("10.0.0.9", 5555)
     observer.worker.state.apply(ch.StateUpdate(key=(TAP,), value=frozenset({POD_KEY})))
     run = aio.spawn(observer.run(), name="metrics-report")
     try:
