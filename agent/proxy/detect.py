@@ -77,7 +77,18 @@ def _detect_http1(prefix: bytes, max_len: int) -> Protocol | NeedMore:
         if not _plausible_line(window, space + 1, len(window)):
             return Protocol.OPAQUE
         return NEED_MORE if len(window) < max_len else Protocol.OPAQUE
-    return Protocol.HTTP1 if _is_request_line(window, space, end) else Protocol.OPAQUE
+    line = window[:end]  # a pure verdict on the line: clients repeat theirs (bounded memo)
+    known = _REQUEST_LINES.get(line)
+    if known is None:
+        known = _is_request_line(window, space, end)
+        if len(_REQUEST_LINES) >= _REQUEST_LINES_MAX:
+            _REQUEST_LINES.clear()
+        _REQUEST_LINES[line] = known
+    return Protocol.HTTP1 if known else Protocol.OPAQUE
+
+
+_REQUEST_LINES_MAX: Final = 256
+_REQUEST_LINES: Final[dict[bytes, bool]] = {}
 
 
 def _plausible_line(buf: bytes, start: int, end: int) -> bool:

@@ -291,14 +291,21 @@ class OutboundRouter(h1plan.Router):
         counted = None
         if choice.hop.kind == "local":
             policy_key, facts = choice.authz or self.local_policy(choice)
+            # each fact by name: `**facts` was a generic call whose keywords the callee
+            # parsed at every new connection
             decision, counted = inbound.authorize_http(
                 self.worker,
                 policy_key,
                 head.method,
                 head.target,
+                client_ip=facts["client_ip"],
+                identity=facts["identity"],
+                tls=facts["tls"],
+                port=facts["port"],
+                labels=facts["labels"],
                 cache=self.authz_cache,
                 token=head,
-                **facts,
+                shared_key=facts["shared_key"],
             )
             if not decision.allowed:
                 handle.cancel()
