@@ -135,16 +135,17 @@ class _BoundHttp(record.BoundHttp):
 
 
 class _BoundAuthz(record.BoundAuthz):
-    """`Observer.authz` for one label set and outcome of one connection (`record` rule 5)."""
+    """`Observer.authz` for one label set and outcome on one pod (`record` rule 5): it keeps
+    the pod whose listener accepted the binding connection, not the connection."""
 
-    __slots__ = ("_allowed", "_conn", "_counter", "_gen", "_http", "_obs")
+    __slots__ = ("_allowed", "_counter", "_gen", "_http", "_obs", "_pod")
 
     def __init__(
-        self, obs: Observer, conn: Conn | None, labels: Labels, *, allowed: bool, http: bool
+        self, obs: Observer, pod: str | None, labels: Labels, *, allowed: bool, http: bool
     ) -> None:
         super().__init__(labels)
         self._obs = obs
-        self._conn = conn
+        self._pod = pod
         self._allowed = allowed
         self._http = http
         self._gen = -1
@@ -155,12 +156,17 @@ class _BoundAuthz(record.BoundAuthz):
         try:
             counter = self._counter
             if counter is None or self._gen != obs.gen:
-                counter = obs._authz_cell(self._conn, self.labels, self._allowed, self._http)  # noqa: SLF001 - same module
+                counter = obs._authz_cell(self._pod, self.labels, self._allowed, self._http)  # noqa: SLF001 - same module
                 self._counter = counter
                 self._gen = obs.gen
             counter.value += 1
         except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
             obs._fail(exc, "authz")  # noqa: SLF001
+
+
+def _pod_of(conn: Conn | None) -> str | None:
+    """The pod whose listener accepted `conn` (None: no connection)."""
+    return conn.listener.pod if conn is not None else None
 
 
 _CLOSED: Final = object()
@@ -262,7 +268,7 @@ class Observer(Tapping):
 
     def authz(self, labels: Labels, *, allowed: bool, http: bool) -> None:
         try:
-            self._authz_cell(record.CONN.get(), labels, allowed, http).value += 1
+            self._authz_cell(_pod_of(record.CONN.get()), labels, allowed, http).value += 1
         except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
             self._fail(exc, "authz")
 
@@ -270,7 +276,7 @@ class Observer(Tapping):
         return _BoundHttp(self, record.CONN.get(), direction, labels)
 
     def bind_authz(self, labels: Labels, *, allowed: bool, http: bool) -> record.BoundAuthz:
-        return _BoundAuthz(self, record.CONN.get(), labels, allowed=allowed, http=http)
+        return _BoundAuthz(self, _pod_of(record.CONN.get()), labels, allowed=allowed, http=http)
 
     def conn_end(self, conn: Any, error: BaseException | None) -> None:
         try:
@@ -332,8 +338,12 @@ class Observer(Tapping):
         series.open()
         conn.obs = _Open(series, time.monotonic(), self.gen)
 
-    def _authz_cell(self, conn: Conn | None, labels: Labels, allowed: bool, http: bool) -> Counter:
-        pod = conn.listener.pod if conn else ""
+    def _authz_cell(
+        self, conn_pod: str | None, labels: Labels, allowed: bool, http: bool
+    ) -> Counter:
+        """The counter of `labels` and outcome, for traffic accepted by `conn_pod`'s listener
+        (None: no connection)."""
+        pod = conn_pod or ""
         ikey = (id(labels), allowed, http, pod)  # labelsets rule 3: by identity first
         hit = self._authz_ids.get(ikey)
         if hit is not None and hit[0] is labels:
@@ -341,7 +351,7 @@ class Observer(Tapping):
         key = (http, allowed, tuple(labels.items()), pod)
         counter = self._authz.get(key)
         if counter is None:
-            counter = self._authz[key] = self._authz_counter(conn, labels, allowed, http)
+            counter = self._authz[key] = self._authz_counter(conn_pod, labels, allowed, http)
         if len(self._authz_ids) >= IDS_MAX:
             self._authz_ids.clear()
         self._authz_ids[ikey] = (labels, counter)

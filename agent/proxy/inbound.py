@@ -232,12 +232,14 @@ class _PolicyMemo(Generic[_E]):
 
 
 class AuthzCache(_PolicyMemo[_Entry]):
-    """Decisions of one connection's requests, reused while the policy object is the same.
+    """Decisions of one client's requests, reused while the policy object is the same.
 
     `authorize` is pure and a connection's client facts (address, identity, TLS)
     never change, so a decision depends only on the policy value, the port and
     the method and target; the metric labels are merged, and bound to the recorder
-    (`record` rule 5: the cache is the connection's), once per decision.
+    (`record` rule 5: for the connection's pod), once per decision. One connection's,
+    or every connection's from the same client pod to one destination
+    (agent.proxy.outbound rule 5).
     """
 
     __slots__ = ("last",)

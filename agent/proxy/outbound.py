@@ -35,7 +35,7 @@ Flow per connection (DESIGN.md "Flows", outbound):
    node's capture sends them to the peer pod's inbound listener.
 5. What routing makes of a request and depends on nothing but the client, the
    destination and the state (a route's label set; the hop to an endpoint with
-   its opener, label set and same-node authorization facts) is made once per
+   its opener, label set, same-node authorization facts and decisions) is made once per
    worker for every connection from the same client (A's pod record, netns and
    address) to the same destination (`Plane.routes`), not once per connection:
    under new connections it was a quarter of a connection's instructions
@@ -205,7 +205,8 @@ class OutboundRouter(h1plan.Router):
         shared = _shared(self.plane.routes, src, self.netns, client, key)
         self._labels: dict[tuple[str, str | None], dict[str, str]] = shared.labels
         self._choices: dict[tuple[tuple[str, int], int], _Choice] = shared.choices
-        self.authz_cache = inbound.AuthzCache()  # shared by HTTP/1 requests and h2 streams
+        # shared by HTTP/1 requests and h2 streams, and by the client's connections (rule 5)
+        self.authz_cache: inbound.AuthzCache = shared.authz
         self._memo: tuple[http1.RequestHead, int, httpproxy.Plan] | None = None
         self._lane: _Lane | None = None
 
@@ -465,15 +466,18 @@ _SHARED_MAX: Final = 256  # entries per shared cache (and memos per worker); cle
 
 
 class _Shared:
-    """Rule 5: an `OutboundRouter`'s label sets (by authority and route) and hops (by
-    endpoint and label set), for every connection from one client to one destination."""
+    """Rule 5: an `OutboundRouter`'s label sets (by authority and route), hops (by
+    endpoint and label set) and same-node authorizations (with their counters, bound for
+    the client's pod: agent.proxy.record rule 5), for every connection from one client to
+    one destination."""
 
-    __slots__ = ("choices", "labels", "src")
+    __slots__ = ("authz", "choices", "labels", "src")
 
     def __init__(self, src: PodInfo | None) -> None:
         self.src = src  # held, so that no other pod's record takes its id while kept
         self.labels: dict[tuple[str, str | None], dict[str, str]] = {}
         self.choices: dict[tuple[tuple[str, int], int], _Choice] = {}
+        self.authz = inbound.AuthzCache()
 
 
 def _shared(

@@ -19,10 +19,13 @@ Rules:
 5. Bound handles for the hot path: `bind_http(direction, labels)` and
    `bind_authz(labels, ...)` resolve a label set once, in the connection's
    context, into a handle whose `exchange` / `count` is what `exchange` /
-   `authz` would do for the same labels on that connection. A handle belongs
-   to the connection that bound it (keep it in per-connection state only) and
-   stays right when the recorder's own caches change; `labels` is the dict it
-   was bound with, so a holder can check identity before reusing it.
+   `authz` would do for the same labels on that connection. An HTTP handle
+   belongs to the connection that bound it (keep it in per-connection state
+   only); an authorization handle counts for the pod whose listener accepted
+   that connection, and may be kept for the pod's other connections from the
+   same client (agent.proxy.outbound rule 5 shares them). Both stay right when
+   the recorder's own caches change; `labels` is the dict a handle was bound
+   with, so a holder can check identity before reusing it.
 """
 
 from __future__ import annotations
@@ -94,8 +97,8 @@ class BoundHttp:
 
 @mypyc_attr(allow_interpreted_subclasses=True)
 class BoundAuthz:
-    """`Recorder.authz` for one label set and outcome of one connection; as it is,
-    records nothing (a class for the reason `BoundHttp` is one)."""
+    """`Recorder.authz` for one label set and outcome on one connection's pod (rule 5); as
+    it is, records nothing (a class for the reason `BoundHttp` is one)."""
 
     __slots__ = ("labels",)
 
@@ -103,7 +106,7 @@ class BoundAuthz:
         self.labels = labels
 
     def count(self) -> None:
-        """As `Recorder.authz(labels, allowed=..., http=...)` on the binding connection."""
+        """As `Recorder.authz(labels, allowed=..., http=...)` on the binding connection's pod."""
 
 
 class NoopRecorder:

@@ -168,6 +168,22 @@ def test_bound_authz_counts_its_own_outcome_beside_unbound_calls(
     assert sum(_family(observer, "inbound_http_authz_deny_total").values()) == 1
 
 
+def test_a_bound_authz_counts_for_its_pod_on_the_pods_later_connections(
+    observer: Observer, conn: Any
+) -> None:
+    # record rule 5: an outbound router's memo keeps one for the client's connections
+    labels = {**LABELS, "srv_kind": "server", "srv_name": "web-http"}
+    allow = observer.bind_authz(labels, allowed=True, http=True)
+    allow.count()
+    later = record.CONN.set(_conn())  # the pod's next connection; the first one is gone
+    try:
+        allow.count()
+        observer.authz(labels, allowed=True, http=True)
+    finally:
+        record.CONN.reset(later)
+    assert list(_family(observer, "inbound_http_authz_allow_total").values()) == [3]
+
+
 def test_a_failing_handle_is_logged_and_never_raises(
     observer: Observer, conn: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
