@@ -113,7 +113,7 @@ class LabelSets:
         return info if isinstance(info, PodInfo) else None
 
     def _own_pod(self, conn: Conn | None, labels: Labels) -> str:
-        return own_pod(conn.listener.pod if conn is not None else None, labels)
+        return own_pod(conn_pod(conn), labels)
 
     def forget_departed(self) -> list[str]:
         """Drop the series of pods no longer enrolled here; their keys."""
@@ -250,14 +250,14 @@ class LabelSets:
         return found
 
     def _authz_counter(
-        self, conn_pod: str | None, labels: Labels, allowed: bool, http: bool
+        self, accepted_by: str, labels: Labels, allowed: bool, http: bool
     ) -> Counter:
-        """The counter of an authorization on traffic accepted by `conn_pod`'s listener
-        (None: no connection)."""
-        pod_key = own_pod(conn_pod, labels)
+        """The counter of an authorization on traffic accepted by the listener of pod
+        `accepted_by` (`conn_pod`)."""
+        pod_key = own_pod(accepted_by, labels)
         target, tls = self._inbound_target(pod_key, labels)
         if tls is None:  # the same-node path: the caller is the connection's pod
-            src = self._pod_info(conn_pod or "/")
+            src = self._pod_info(accepted_by)
             tls = Tls.established(src.identity) if src else Tls.no_identity("loopback")
         server = _ref(labels, "srv") or Ref(group="", kind="default", name="unknown")
         pod = self.pod_meta(pod_key)
@@ -291,11 +291,11 @@ def _owner(info: PodInfo) -> tuple[str, str]:
     return "", ""
 
 
-def own_pod(conn_pod: str | None, labels: Labels) -> str:
-    """The pod an inbound label set names, else the accepting listener's (`conn_pod`)."""
+def own_pod(accepted_by: str, labels: Labels) -> str:
+    """The pod an inbound label set names, else `accepted_by` (`conn_pod`)."""
     if "namespace" in labels and "pod" in labels:
         return f"{labels['namespace']}/{labels['pod']}"
-    return conn_pod or "/"
+    return accepted_by
 
 
 def conn_pod(conn: Conn | None) -> str:

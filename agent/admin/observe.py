@@ -53,7 +53,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from agent import aio
-from agent.admin.labelsets import IDS_MAX, SVC_AUTHORITY
+from agent.admin.labelsets import IDS_MAX, SVC_AUTHORITY, conn_pod
 from agent.admin.metrics import Counter, HttpSeries, TcpSeries, errno_label
 from agent.admin.node import measure_loop_lag
 from agent.admin.tapping import TAP, Tapping
@@ -141,7 +141,7 @@ class _BoundAuthz(record.BoundAuthz):
     __slots__ = ("_allowed", "_counter", "_gen", "_http", "_obs", "_pod")
 
     def __init__(
-        self, obs: Observer, pod: str | None, labels: Labels, *, allowed: bool, http: bool
+        self, obs: Observer, pod: str, labels: Labels, *, allowed: bool, http: bool
     ) -> None:
         super().__init__(labels)
         self._obs = obs
@@ -162,11 +162,6 @@ class _BoundAuthz(record.BoundAuthz):
             counter.value += 1
         except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
             obs._fail(exc, "authz")  # noqa: SLF001
-
-
-def _pod_of(conn: Conn | None) -> str | None:
-    """The pod whose listener accepted `conn` (None: no connection)."""
-    return conn.listener.pod if conn is not None else None
 
 
 _CLOSED: Final = object()
@@ -268,7 +263,7 @@ class Observer(Tapping):
 
     def authz(self, labels: Labels, *, allowed: bool, http: bool) -> None:
         try:
-            self._authz_cell(_pod_of(record.CONN.get()), labels, allowed, http).value += 1
+            self._authz_cell(conn_pod(record.CONN.get()), labels, allowed, http).value += 1
         except Exception as exc:  # noqa: BLE001 - rule 4: never into the data path
             self._fail(exc, "authz")
 
@@ -276,7 +271,7 @@ class Observer(Tapping):
         return _BoundHttp(self, record.CONN.get(), direction, labels)
 
     def bind_authz(self, labels: Labels, *, allowed: bool, http: bool) -> record.BoundAuthz:
-        return _BoundAuthz(self, _pod_of(record.CONN.get()), labels, allowed=allowed, http=http)
+        return _BoundAuthz(self, conn_pod(record.CONN.get()), labels, allowed=allowed, http=http)
 
     def conn_end(self, conn: Any, error: BaseException | None) -> None:
         try:
@@ -338,12 +333,9 @@ class Observer(Tapping):
         series.open()
         conn.obs = _Open(series, time.monotonic(), self.gen)
 
-    def _authz_cell(
-        self, conn_pod: str | None, labels: Labels, allowed: bool, http: bool
-    ) -> Counter:
-        """The counter of `labels` and outcome, for traffic accepted by `conn_pod`'s listener
-        (None: no connection)."""
-        pod = conn_pod or ""
+    def _authz_cell(self, pod: str, labels: Labels, allowed: bool, http: bool) -> Counter:
+        """The counter of `labels` and outcome, for traffic accepted by `pod`'s listener
+        (`labelsets.conn_pod`)."""
         ikey = (id(labels), allowed, http, pod)  # labelsets rule 3: by identity first
         hit = self._authz_ids.get(ikey)
         if hit is not None and hit[0] is labels:
@@ -351,7 +343,7 @@ class Observer(Tapping):
         key = (http, allowed, tuple(labels.items()), pod)
         counter = self._authz.get(key)
         if counter is None:
-            counter = self._authz[key] = self._authz_counter(conn_pod, labels, allowed, http)
+            counter = self._authz[key] = self._authz_counter(pod, labels, allowed, http)
         if len(self._authz_ids) >= IDS_MAX:
             self._authz_ids.clear()
         self._authz_ids[ikey] = (labels, counter)
