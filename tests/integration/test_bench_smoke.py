@@ -357,7 +357,8 @@ def test_saturation_in_turns_runs_the_peer_alone_on_the_twin_pods_beside_the_age
     saturation goals judged on it."""
     setups = "meshagent-iptables,meshagent-ebpf-xnode"
     # with the full run's unmeasured turn first: once in CI haproxy-tls, just started on
-    # the twins, answered nothing in a first 2 s turn (no error either)
+    # the twins, answered nothing in a first 2 s turn (no error either); once more, with
+    # the warm-up turn, nothing in any turn (cause unknown; the row goes into the failure)
     doc = _bench(tmp_path, setups, "saturate-side", "--warmup", "1", timeout=140)
     rows = {r["setup"]: r for r in doc["results"]}
     for setup, peer in (
@@ -369,7 +370,7 @@ def test_saturation_in_turns_runs_the_peer_alone_on_the_twin_pods_beside_the_age
         assert set(row["side"]) == {peer}
         assert row["errors"] == row["side"][peer]["errors"] == 0, row
         assert row["rps"] > 0, row
-        assert row["side"][peer]["rps"] > 0, row
+        assert row["side"][peer]["requests"] > 0, row  # rps is None then: compare counts
         # wrk counts what was answered in its turns (the warm-up's in `sent` too); the
         # agents also what was in flight at each turn's end: never the peer's (which would
         # double the count)
