@@ -34,6 +34,12 @@ Rules:
    a connection it makes over a pod's loopback or veth is taken in on that CPU, which
    is what the proxy's steering (agent.proxy.placement) goes by; `allowed_cpus(pid)`
    reads back where a process may run, as the kernel lists it.
+8. A node's bridge gets a fixed MAC address when it is made (`bridge_mac`). One
+   without takes its lowest port's, so it changes as pods join; a pod that resolved
+   its gateway before then keeps sending to the old address, now one of the bridge's
+   ports', and the bridge hands such frames up marked as another host's, which IP
+   drops (seen: the bench's twin pods, made first on their nodes, could not reach
+   the other node for over 10 s once the meshed pods had joined).
 """
 
 from __future__ import annotations
@@ -96,6 +102,13 @@ def cgroup2_root(mounts: str | None = None) -> Path | None:
         if len(parts) >= 3 and parts[2] == "cgroup2":
             return Path(parts[1])
     return None
+
+
+def bridge_mac() -> str:
+    """A random locally administered unicast MAC address for a node's bridge (rule 8)."""
+    octets = bytearray(os.urandom(6))
+    octets[0] = (octets[0] & 0xFC) | 0x02  # locally administered, not multicast
+    return ":".join(f"{b:02x}" for b in octets)
 
 
 class Lab:
@@ -232,7 +245,7 @@ class Lab:
         self._record(kind="link", name=node.bridge, netns=ns_name)
 
         def make_bridge(ipr: Any) -> None:
-            ipr.link("add", ifname=node.bridge, kind="bridge")
+            ipr.link("add", ifname=node.bridge, kind="bridge", address=bridge_mac())  # rule 8
             idx = ipr.link_lookup(ifname=node.bridge)[0]
             ipr.addr("add", index=idx, address=node.gateway, prefixlen=net.prefixlen)
             ipr.link("set", index=idx, state="up")

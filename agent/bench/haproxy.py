@@ -9,7 +9,10 @@ Rules:
    routes are byte relays. `alpn` on a TLS side offers those protocols there:
    `h2` on a `mode http` route's upstream multiplexes every client's requests
    as streams on its kept-alive TLS connections (`http-reuse always`).
-3. No logging, no stats socket: the bench measures the data path only.
+3. No stats socket, and a connection is logged (to stderr, which the bench keeps
+   beside the config) only when it ended abnormally (`option dontlog-normal`): a
+   server that timed out or refused, a TLS handshake that failed. A clean run logs
+   nothing, and a peer that answered nothing says why.
 """
 
 from __future__ import annotations
@@ -82,8 +85,11 @@ def render(routes: list[Route], *, threads: int = 2, maxconn: int = 8000) -> str
         "global",
         f"    nbthread {threads}",
         f"    maxconn {maxconn}",
+        "    log stderr format raw local0",
         "",
         "defaults",
+        "    log global",
+        "    option dontlog-normal",
         "    timeout connect 5s",
         "    timeout client 60s",
         "    timeout server 60s",
@@ -91,6 +97,7 @@ def render(routes: list[Route], *, threads: int = 2, maxconn: int = 8000) -> str
     ]
     for route in routes:
         lines += ["", f"listen {route.name}", f"    mode {route.mode}", _bind_line(route)]
+        lines.append(f"    option {route.mode}log")
         if route.mode == "http":
             lines.append("    http-reuse always")
         lines.append(_server_line(route))

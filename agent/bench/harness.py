@@ -129,7 +129,7 @@ from agent.bench import (
     report,
     setups,
 )
-from agent.bench.topology import per_node, placed, twin
+from agent.bench.topology import log_tail, per_node, placed, twin
 from agent.errors import AgentError
 
 if TYPE_CHECKING:
@@ -531,7 +531,7 @@ def _side_load(
             got = run([*others, target], rate, opts.duration_s, opts.warmup_s)
         after = _agents_counted(target, time.time())
     mine = got[target.setup]
-    side = {peer.setup: _rates(got[peer.setup]) for peer in others}
+    side = {peer.setup: _side_rates(peer, got[peer.setup]) for peer in others}
     # the node agents count the mesh's paths' requests only: the setup's own and
     # sockmap's plain path; the other peers bypass them
     meshed = [got[p.setup] for p in [*others, target] if p.setup.startswith("meshagent-")]
@@ -546,6 +546,16 @@ def _side_load(
         "agent_target_ports": _agents_ports(target, "tcp_open_total"),
         "agent_http_target_ports": _agents_ports(target, "request_total"),
     }
+
+
+def _side_rates(peer: Target, m: loads.Measured) -> dict[str, Any]:
+    """A side peer's `_rates`; one that answered nothing carries the end of its
+    processes' logs (`logs`): HAProxy says there why a connection ended abnormally."""
+    rates = _rates(m)
+    if not m.requests:
+        said = "".join(log_tail(log) for log in peer.logs).removeprefix("; ")
+        rates["logs"] = said or "(its logs are empty)"
+    return rates
 
 
 def _agents_ports(target: Target, family: str) -> list[int]:

@@ -19,8 +19,11 @@ yielding a `Target`; `agent.bench.setups.SETUPS` names them.
 
 Rules:
 1. A setup yields only once its proxies listen (seen from the pod that
-   connects to them), and stops them, by their Popen, when it exits; the lab
-   kills whatever is left when it closes.
+   connects to them: across nodes the client pod to the far proxy too) and a
+   request through them is answered (topology rule 10), and stops them, by their
+   Popen, when it exits; the lab kills whatever is left when it closes. Their
+   stderr (HAProxy's abnormal connections: `agent.bench.haproxy` rule 3) is the
+   `Target`'s `logs`.
 2. HAProxy configurations are rendered by `agent.bench.haproxy` and checked
    with `haproxy -c` before HAProxy starts.
 3. Certificates are made per run in the work directory (ECDSA P-256, valid a
@@ -58,6 +61,7 @@ from agent.bench.topology import (
     Target,
     Topology,
     per_node,
+    wait_answer,
     wait_port,
 )
 
@@ -202,6 +206,7 @@ def haproxy_one_hop(mode: str, server_port: int = HTTP_PORT) -> SetupFn:
         proc = _haproxy(topo.cli, routes, cfg, nodes=1)
         try:
             wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT, proc=proc, log=log_of(cfg))
+            wait_answer(topo.cli, "127.0.0.1", PROXY_HTTP_PORT, logs=[log_of(cfg)])
             yield Target(
                 setup=f"haproxy-{mode}",
                 client=topo.cli,
@@ -211,6 +216,7 @@ def haproxy_one_hop(mode: str, server_port: int = HTTP_PORT) -> SetupFn:
                 hops=1,
                 mtls=False,
                 roots=[proc.pid],
+                logs=[log_of(cfg)],
             )
         finally:
             _stop(proc)
@@ -278,6 +284,7 @@ def python_floor(topo: Topology) -> Iterator[Target]:
     )
     try:
         wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT, proc=proc, log=log)
+        wait_answer(topo.cli, "127.0.0.1", PROXY_HTTP_PORT, logs=[log])
         yield Target(
             setup="python-floor",
             client=topo.cli,
@@ -289,6 +296,7 @@ def python_floor(topo: Topology) -> Iterator[Target]:
             roots=[proc.pid],
             notes="minimal uvloop + httptools relay, 1:1 upstreams, no mesh work",
             h2=False,
+            logs=[log],
         )
     finally:
         _stop(proc)
@@ -320,6 +328,9 @@ def python_floor_tls(topo: Topology) -> Iterator[Target]:
         try:
             wait_port(topo.srv2, "127.0.0.1", TLS_HTTP_PORT, proc=server_side, log=server_log)
             wait_port(topo.cli, "127.0.0.1", PROXY_HTTP_PORT, proc=client_side, log=client_log)
+            wait_port(topo.cli, topo.srv2.ip, TLS_HTTP_PORT)  # the hop across nodes
+            logs = [client_log, server_log]
+            wait_answer(topo.cli, "127.0.0.1", PROXY_HTTP_PORT, logs=logs)
             yield Target(
                 setup="python-floor-tls",
                 client=topo.cli,
@@ -331,6 +342,7 @@ def python_floor_tls(topo: Topology) -> Iterator[Target]:
                 roots=[client_side.pid, server_side.pid],
                 notes="the floor on both hops, mutual TLS 1.3 (P-256), OpenSSL on the socket",
                 h2=False,
+                logs=logs,
             )
         finally:
             _stop(client_side)
@@ -398,6 +410,8 @@ def haproxy_two_hop(
                 server_log, client_log = log_of(server_cfg), log_of(client_cfg)
                 wait_port(topo.srv2, "127.0.0.1", listen[1], proc=server_side, log=server_log)
                 wait_port(topo.cli, "127.0.0.1", listen[0], proc=client_side, log=client_log)
+                wait_port(topo.cli, topo.srv2.ip, listen[1])  # the hop across nodes
+                wait_answer(topo.cli, "127.0.0.1", listen[0], logs=[client_log, server_log])
                 yield Target(
                     setup=name,
                     client=topo.cli,
@@ -411,6 +425,7 @@ def haproxy_two_hop(
                         f"mode {mode}, mutual TLS 1.3 (P-256) between the two HAProxies"
                         + (f", {between} on it" if mode == "http" else "")
                     ),
+                    logs=[client_log, server_log],
                 )
             finally:
                 _stop(client_side)

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from typing import TYPE_CHECKING
 
 from agent.bench import report
@@ -77,6 +76,7 @@ from agent.bench.topology import (
     new_workdir,
     per_node,
     remove_workdir,
+    wait_answer,
     wait_port,
 )
 
@@ -84,7 +84,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from agent.bench.mesh import NodeAgent
-    from agent.netlab import LabPod
 
 __all__ = [
     "ENV_ACCEL",
@@ -149,33 +148,6 @@ def start_node_agent(  # noqa: PLR0913 - keyword-only settings
     )
 
 
-def _wait_http(pod: LabPod, host: str, port: int, within: float = 20.0) -> float:
-    """Send GETs from `pod` until one answers 200; seconds the first answer took.
-
-    Raises:
-        BenchError: none did within `within`.
-    """
-    deadline = time.monotonic() + within
-    last = ""
-    while time.monotonic() < deadline:
-        sock = pod.socket()
-        try:
-            sock.settimeout(5)
-            started = time.monotonic()
-            sock.connect((host, port))
-            sock.sendall(b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
-            data = sock.recv(4096)
-            if data.startswith(b"HTTP/1.1 200"):
-                return time.monotonic() - started
-            last = data[:80].decode(errors="replace")
-        except OSError as exc:
-            last = str(exc)
-        finally:
-            sock.close()
-        time.sleep(0.1)
-    raise BenchError(pod.name, f"no 200 from {host}:{port} within {within}s (last: {last!r})")
-
-
 _UPGRADE_FLAVOURS = {"auto": "", "on": "-h2", "off": "-h1"}
 _UPGRADE_SAYS = {"auto": "when busy", "on": "always", "off": "never"}
 
@@ -208,7 +180,7 @@ def _meshagent(mode: str, *, xnode: bool, accel: bool = False, upgrade: str = "a
                 stack.callback(agent.stop)
                 agents.append(agent)
             # the first request pays for resolution (and, cross-node, the mTLS handshake)
-            first = _wait_http(topo.cli, server.ip, HTTP_PORT)
+            first = wait_answer(topo.cli, server.ip, HTTP_PORT)
             wait_port(topo.cli, server.ip, IPERF_PORT)
             path = "outbound -> mTLS -> inbound (other node)" if xnode else "outbound -> inbound"
             if accel:

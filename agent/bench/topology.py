@@ -63,6 +63,11 @@ Rules:
    tried instead: raw-table NOTRACK rules for the peers' ports, a match on every
    packet of both paths, and both ran 7-20% below their rates alone:
    bench/RESULTS.md, fifty-sixth pass).
+10. A setup is started when a request through its whole path is answered
+   (`wait_answer`), not when its listeners are up: a hop that drops or refuses
+   behind a listening proxy shows as no requests and no errors in a short turn
+   (HAProxy holds the client while it retries a refused server for 3 s), which
+   read as a peer that measured nothing rather than one that could not start.
 """
 
 from __future__ import annotations
@@ -220,6 +225,7 @@ class Target:
     echo_port: int = 0  # the server's echo port on this path (rule 8), 0: none
     agents: list[NodeAgent] = field(default_factory=list)  # meshagent setups: the node agents
     accel_maps: Path | None = None  # accelerated eBPF setups: the agent's pinned maps
+    logs: list[Path] = field(default_factory=list)  # its processes' stderr (peers)
 
     def accel_counts(self) -> dict[str, int] | None:
         """The node's sk_msg counters (`agent.redirect.maps.accel_stats`), or None."""
@@ -312,7 +318,7 @@ def wait_port(
             raise BenchError(
                 pod.name,
                 f"{_name(proc)} exited with {proc.returncode} before it listened on "
-                f"{host}:{port}{_tail(log)}",
+                f"{host}:{port}{log_tail(log)}",
             )
         sock = pod.socket()
         try:
@@ -324,7 +330,44 @@ def wait_port(
             return
         finally:
             sock.close()
-    raise BenchError(pod.name, f"nothing listens on {host}:{port} after {within}s{_tail(log)}")
+    raise BenchError(pod.name, f"nothing listens on {host}:{port} after {within}s{log_tail(log)}")
+
+
+WAIT_ANSWER_S = 20.0  # a setup's path answers a request within this, or it failed
+
+
+def wait_answer(
+    pod: LabPod, host: str, port: int, *, within: float = WAIT_ANSWER_S, logs: Collection[Path] = ()
+) -> float:
+    """Send GETs from `pod` to `host:port` until one is answered 200; the seconds the
+    answered one took (the first request pays for resolution and handshakes). A path
+    whose listeners are up may still not carry a request (rule 10).
+
+    Raises:
+        BenchError: none was within `within`; it says what the last one got, and the
+            end of each of `logs` (the setup's processes' stderr).
+    """
+    deadline = time.monotonic() + within
+    last = ""
+    while time.monotonic() < deadline:
+        sock = pod.socket()
+        try:
+            sock.settimeout(min(5.0, max(0.1, deadline - time.monotonic())))
+            started = time.monotonic()
+            sock.connect((host, port))
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+            data = sock.recv(4096)
+            if data.startswith(b"HTTP/1.1 200"):
+                return time.monotonic() - started
+            last = data[:80].decode(errors="replace") if data else "closed without an answer"
+        except OSError as exc:
+            last = str(exc) or type(exc).__name__
+        finally:
+            sock.close()
+        time.sleep(0.1)
+    tails = "".join(log_tail(log) for log in logs)
+    said = f"no 200 from {host}:{port} within {within}s (last: {last!r})"
+    raise BenchError(pod.name, said + tails)
 
 
 def _name(proc: subprocess.Popen[Any]) -> str:
@@ -335,7 +378,7 @@ def _name(proc: subprocess.Popen[Any]) -> str:
     return Path(args[0]).name if args else "?"
 
 
-def _tail(log: Path | None, size: int = 600) -> str:
+def log_tail(log: Path | None, size: int = 600) -> str:
     """`; its log: ...` with the end of `log`, or nothing when there is none or it is empty."""
     if log is None or not log.exists():
         return ""

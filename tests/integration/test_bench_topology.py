@@ -95,3 +95,27 @@ def test_a_peer_that_cannot_listen_says_why(lab, tmp_path):
     assert f"haproxy exited with {proc.returncode} before it listened" in str(err.value)
     assert proc.returncode != 0
     assert "Address already in use" in str(err.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_that_listens_but_carries_nothing_says_why(lab, tmp_path):
+    """Topology rule 10: HAProxy listens, its server refuses; in tcp mode it holds the client
+    while it retries (3 s), so a short turn counted no requests and no errors. `wait_answer`
+    fails the setup instead, quoting HAProxy's log of that connection (haproxy rule 3)."""
+    pod = lab.pod(lab.node("n3", "10.201.11.0/24"), "c", ip="10.201.11.5")
+    port = topology.PROXY_HTTP_PORT
+    cfg = tmp_path / "haproxy-tcp.cfg"
+    route = haproxy.Route(name="http", bind=f"127.0.0.1:{port}", target="127.0.0.1:9")
+    proc = peers._haproxy(pod, [route], cfg, nodes=1)
+    try:
+        topology.wait_port(pod, "127.0.0.1", port, proc=proc, log=peers.log_of(cfg))
+        with pytest.raises(topology.BenchError) as err:
+            topology.wait_answer(pod, "127.0.0.1", port, within=4, logs=[peers.log_of(cfg)])
+    finally:
+        peers._stop(proc)
+    said = str(err.value)
+    assert f"no 200 from 127.0.0.1:{port} within 4s" in said, said
+    # the connection's log line: its route and server, and termination state SC (the
+    # server refused the connection), which only the abnormal-connection log shows
+    assert " http http/s1 " in said, said
+    assert " SC " in said, said

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -312,6 +313,43 @@ def test_pods_on_two_linked_nodes_reach_each_other(lab):
         s.settimeout(5)
         s.connect((d.ip, 9000))
         assert s.recv(64).decode() == c.ip
+
+
+def _mac(node_ns: str, ifname: str) -> str:
+    out = subprocess.run(
+        ["ip", "-n", node_ns, "-j", "link", "show", ifname],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return str(json.loads(out.stdout)[0]["address"])
+
+
+def test_a_node_keeps_its_gateway_address_as_pods_join(lab):
+    """Rule 8: a pod that resolved its gateway first still reaches the other node after a
+    pod whose port has a lower MAC joins the bridge (without a fixed address the bridge
+    took that port's, and the first pod's frames to the old one were dropped)."""
+    m1, m2 = lab.node("m1", isolated=True), lab.node("m2", isolated=True)
+    lab.link(m1, m2)
+    first, far = lab.pod(m1, "first"), lab.pod(m2, "far")
+    server = far.spawn([sys.executable, "-c", SERVER, "9000"], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "ready"
+    with first.socket() as s:  # resolves the gateway: the bridge's address now
+        s.settimeout(5)
+        assert s.connect_ex((m2.gateway, 9)) == errno.ECONNREFUSED  # by the far node itself
+    assert m1.netns_name is not None
+    gateway = _mac(m1.netns_name, m1.bridge)
+    late = lab.pod(m1, "late")
+    low = "00:00:00:00:00:01"  # lower than any address the bridge could have taken
+    subprocess.run(
+        ["ip", "-n", m1.netns_name, "link", "set", late.veth, "address", low], check=True
+    )
+    assert _mac(m1.netns_name, late.veth) == low
+    assert _mac(m1.netns_name, m1.bridge) == gateway
+    with first.socket() as s:
+        s.settimeout(5)
+        s.connect((far.ip, 9000))
+        assert s.recv(64).decode() == first.ip
 
 
 def test_names_fit_interface_limits_and_bad_prefixes_are_refused():

@@ -39,10 +39,14 @@ def test_http_mode_over_tls_keeps_its_connections_and_offers_alpn_on_the_tls_sid
     )
     inb = Route(name="i", bind="0.0.0.0:18443", target="127.0.0.1:8080", bind_tls=tls, alpn="h2")
     cfg = render([out, inb])
-    assert "listen o\n    mode http\n    bind 127.0.0.1:1\n    http-reuse always\n" in cfg
+    assert (
+        "listen o\n    mode http\n    bind 127.0.0.1:1\n    option httplog\n    http-reuse always\n"
+        in cfg
+    )
     assert "server s1 10.0.0.3:18443 ssl crt /c.pem" in cfg
     assert "verifyhost s.x alpn h2\n" in cfg
-    assert "ssl-min-ver TLSv1.3 alpn h2\n    server s1 127.0.0.1:8080\n" in cfg  # clear upstream
+    # a clear upstream
+    assert "ssl-min-ver TLSv1.3 alpn h2\n    option tcplog\n    server s1 127.0.0.1:8080\n" in cfg
     with pytest.raises(ValueError, match="alpn needs a TLS side"):
         Route(name="x", bind="a:1", target="b:2", mode="http", alpn="h2")
 
@@ -55,3 +59,16 @@ def test_bad_mode_and_duplicate_names_are_refused():
         render([r, r])
     with pytest.raises(ValueError, match="at least one"):
         render([])
+
+
+def test_only_abnormal_connections_are_logged_to_stderr_in_each_modes_format():
+    cfg = render(
+        [
+            Route(name="web", bind="127.0.0.1:1", target="10.0.0.3:8080", mode="http"),
+            Route(name="raw", bind="127.0.0.1:2", target="10.0.0.3:8080"),
+        ]
+    )
+    assert "    log stderr format raw local0\n" in cfg
+    assert "    log global\n    option dontlog-normal\n" in cfg
+    assert "listen web\n    mode http\n    bind 127.0.0.1:1\n    option httplog\n" in cfg
+    assert "listen raw\n    mode tcp\n    bind 127.0.0.1:2\n    option tcplog\n" in cfg
