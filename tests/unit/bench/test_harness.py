@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from agent.bench.harness import (
     tcp_side_by_side,
     variant_order,
 )
+from agent.bench.loads import Measured
+from agent.bench.topology import Target
 
 
 def test_quick_runs_the_goals_setups_and_short_loads_with_memory():
@@ -345,3 +348,24 @@ def test_saturation_in_turns_runs_in_full_runs_on_the_judged_setups_but_sockmaps
     assert harness.saturate_side_by_side("meshagent-iptables-xnode")
     assert not harness.saturate_side_by_side("meshagent-ebpf-accel")
     assert not harness.saturate_side_by_side("haproxy-http")
+
+
+def test_a_side_peer_that_answered_nothing_carries_the_end_of_its_logs(tmp_path):
+    """A peer whose turns got no answer (and, in a short turn, no error) says why in its
+    side entry: HAProxy logs only the abnormal connections (haproxy rule 3)."""
+    client, server = tmp_path / "c.log", tmp_path / "s.log"
+    client.write_text("10.0.0.2:1 [x] http http/s1 1/-1/3009 0 SC 1/1/0/0/3 0/0\n")
+    server.write_text("")  # said nothing: not quoted
+    peer = Target(
+        setup="haproxy-tls", client=None, host="127.0.0.1", http_port=18080, iperf_port=0,
+        hops=2, mtls=True, logs=[client, server],
+    )  # fmt: skip
+    silent = harness._side_rates(peer, Measured(requests=0, elapsed_s=2.0))
+    assert silent["requests"] == 0
+    assert silent["rps"] is None
+    assert silent["logs"] == f"its log ({client}): " + client.read_text().strip()
+    answered = harness._side_rates(peer, Measured(requests=10, elapsed_s=2.0))
+    assert "logs" not in answered
+    assert answered["rps"] == 5.0
+    quiet = dataclasses.replace(peer, logs=[server])
+    assert harness._side_rates(quiet, Measured())["logs"] == "(its logs are empty)"
