@@ -29,14 +29,20 @@ Rules:
    first read, not at accept: each is a system call and an address made into text, and
    an outbound HTTP connection from a meshed pod reads neither (`Conn.port`, the
    listener's, tells a connection that resolved to the listener itself without them).
+6. The original destination is read here, compiled (`original_dst_of_fd`: the
+   getsockopt agent.redirect.orig_dst rule 1 describes, on the accepted socket's fd),
+   its address made into text once per address (`_ADDR_TEXT`, bounded): interpreted
+   in agent.redirect it was 7,900 instructions of a new connection, the text
+   2,400 of them (bench/RESULTS.md, fifty-eighth pass).
 """
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from agent.errors import AgentError
 from agent.proxy import record
@@ -223,34 +229,52 @@ async def serve(worker: Any, conn: Conn, lst: Any) -> None:
         conn.held.conn = None
 
 
-def _load_orig_dst() -> Callable[[int], tuple[str, int] | None] | None:
+# <linux/netfilter_ipv4.h>: SO_ORIGINAL_DST 80 at level SOL_IP; the kernel fills a
+# `struct sockaddr_in`: family (2 bytes), port (2, big-endian), IPv4 address (4), padding
+SOL_IP: Final = 0
+SO_ORIGINAL_DST: Final = 80
+_SOCKADDR_IN_LEN: Final = 16
+_ADDR_TEXT_MAX: Final = 4096
+# an address's four bytes -> its text (rule 6): a worker's destinations are few
+_ADDR_TEXT: dict[bytes, str] = {}
+
+
+def original_dst_of_fd(fd: int) -> tuple[str, int] | None:
+    """The (ip, port) the accepted TCP socket `fd` (not closed) was redirected from, or
+    None where the kernel has none (not redirected by conntrack or the eBPF getsockopt
+    program: sk_lookup, a direct connection). `_socket.socket`, not uvloop's
+    pseudo-socket, whose calls each make one; SOL_IP's answer is the same on an
+    AF_INET6 socket's fd."""
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, fd)
     try:
-        from agent.redirect import orig_dst  # noqa: PLC0415 - optional where it is absent
-    except ImportError:
+        raw: bytes = sock.getsockopt(SOL_IP, SO_ORIGINAL_DST, _SOCKADDR_IN_LEN)
+    except OSError:
         return None
-    fn: Callable[[int], tuple[str, int] | None] = orig_dst.original_dst_of_fd
-    return fn
-
-
-_ORIGINAL_DST = _load_orig_dst()
+    finally:
+        sock.detach()
+    if len(raw) < 8:
+        return None
+    key = raw[4:8]
+    host = _ADDR_TEXT.get(key)
+    if host is None:
+        if len(_ADDR_TEXT) >= _ADDR_TEXT_MAX:
+            _ADDR_TEXT.clear()
+        host = _ADDR_TEXT[key] = f"{raw[4]}.{raw[5]}.{raw[6]}.{raw[7]}"
+    return host, (raw[2] << 8) | raw[3]
 
 
 def default_resolve_target(conn: Conn) -> tuple[str, int]:
     """Where to relay `conn`: the original destination; inbound, on the pod's loopback.
 
-    Asks `agent.redirect.orig_dst.original_dst_of_fd` (SO_ORIGINAL_DST) and,
-    when it does not know (not redirected by conntrack: sk_lookup, or a direct
-    connection), takes the accepted socket's local address, which is then the
-    original destination. A direct connection to an outbound listener thus
-    resolves to the listener itself, which the handlers refuse. The fd and
-    the local address come from the transport, not from uvloop's pseudo-socket,
-    whose calls each make a `socket.socket` (bench/RESULTS.md, forty-fifth pass).
+    Asks `original_dst_of_fd` (SO_ORIGINAL_DST, rule 6) and, when it does not know
+    (not redirected by conntrack: sk_lookup, or a direct connection), takes the
+    accepted socket's local address, which is then the original destination. A
+    direct connection to an outbound listener thus resolves to the listener itself,
+    which the handlers refuse. The fd and the local address come from the transport,
+    not from uvloop's pseudo-socket, whose calls each make a `socket.socket`
+    (bench/RESULTS.md, forty-fifth pass).
     """
-    target: tuple[str, int] | None = None
-    if _ORIGINAL_DST is not None:
-        # not the pseudo-socket's `family`: an enum made in Python; SOL_IP's answer is
-        # the same on an AF_INET6 socket's fd
-        target = _ORIGINAL_DST(conn.transport.get_extra_info("socket").fileno())
+    target = original_dst_of_fd(conn.transport.get_extra_info("socket").fileno())
     if target is None:
         target = (conn.local[0], conn.local[1])
     if conn.listener.kind is ListenerKind.INBOUND:

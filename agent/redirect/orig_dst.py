@@ -1,4 +1,5 @@
-"""Where a redirected connection was going: the one SO_ORIGINAL_DST helper.
+"""Where a redirected connection was going: SO_ORIGINAL_DST on a socket (rule 4: the
+proxy's per-connection form is compiled with its accept path).
 
 Rules:
 1. iptables mode: the REDIRECT target rewrote the destination in conntrack;
@@ -8,17 +9,12 @@ Rules:
    fallback. This is the only hook; the eBPF mode extends it, nothing else.
 3. A socket that was not redirected has no conntrack NAT entry: the kernel
    answers ENOENT and this raises `OriginalDstError`.
-4. `original_dst_of_fd` is the proxy's per-connection form: from the accepted
-   socket's fd (uvloop hands out a pseudo-socket whose `getsockopt` makes a
-   `socket.socket` each call, two interpreted calls), the same answer, or None
-   where `original_dst` raises (no error object, no addresses looked up to name
-   the socket: in eBPF mode every steered inbound connection takes that way).
-   One interpreted call (bench/RESULTS.md, forty-fifth pass).
+4. The proxy's per-connection form, from the accepted socket's fd, compiled, is
+   `agent.proxy.accept.original_dst_of_fd` (its rule 6): this module is interpreted.
 """
 
 from __future__ import annotations
 
-import _socket
 import socket
 import struct
 from collections.abc import Callable
@@ -64,20 +60,6 @@ def original_dst(sock: socket.socket, *, lookup: Lookup | None = None) -> tuple[
     except OSError as exc:
         raise OriginalDstError(_describe(sock), exc.strerror or str(exc)) from exc
     return decode_sockaddr_in(raw)
-
-
-def original_dst_of_fd(fd: int, family: int = socket.AF_INET) -> tuple[str, int] | None:
-    """Rule 4: `original_dst` of the accepted TCP socket `fd` (not closed), or None."""
-    sock = _socket.socket(family, socket.SOCK_STREAM, 0, fd)
-    try:
-        raw = sock.getsockopt(SOL_IP, SO_ORIGINAL_DST, _SOCKADDR_IN_LEN)
-    except OSError:
-        return None
-    finally:
-        sock.detach()
-    if len(raw) < 8:
-        return None
-    return _socket.inet_ntoa(raw[4:8]), (raw[2] << 8) | raw[3]
 
 
 def decode_sockaddr_in(raw: bytes) -> tuple[str, int]:

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from agent import cli
+from agent.proxy.accept import original_dst_of_fd
 from agent.redirect import rules
 from agent.redirect.annotations import build_spec
 from agent.redirect.iptables import Backend, IptablesRedirector, save
 from agent.redirect.model import PROXY_MARK
-from agent.redirect.orig_dst import OriginalDstError, original_dst, original_dst_of_fd
+from agent.redirect.orig_dst import OriginalDstError, original_dst
 from agent.redirect.registry import Registry
 
 pytestmark = pytest.mark.privileged
@@ -116,7 +117,7 @@ def test_outbound_connect_arrives_at_4140_with_the_original_destination(redirect
             with conn:
                 assert original_dst(conn) == dst
                 # the proxy's per-connection form, from the fd: the same answer
-                assert original_dst_of_fd(conn.fileno(), conn.family) == dst
+                assert original_dst_of_fd(conn.fileno()) == dst
                 assert conn.fileno() >= 0  # the fd is still the caller's
 
 
@@ -128,7 +129,7 @@ def test_original_dst_of_fd_is_none_where_original_dst_raises(pods, listen):
         with conn:
             with pytest.raises(OriginalDstError):
                 original_dst(conn)
-            assert original_dst_of_fd(conn.fileno(), conn.family) is None
+            assert original_dst_of_fd(conn.fileno()) is None
             conn.getsockname()  # still open
 
 
