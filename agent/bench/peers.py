@@ -411,7 +411,8 @@ def haproxy_two_hop(
                 wait_port(topo.srv2, "127.0.0.1", listen[1], proc=server_side, log=server_log)
                 wait_port(topo.cli, "127.0.0.1", listen[0], proc=client_side, log=client_log)
                 wait_port(topo.cli, topo.srv2.ip, listen[1])  # the hop across nodes
-                wait_answer(topo.cli, "127.0.0.1", listen[0], logs=[client_log, server_log])
+                logs = [client_log, server_log]
+                wait_answer(topo.cli, "127.0.0.1", listen[0], logs=logs)
                 yield Target(
                     setup=name,
                     client=topo.cli,
@@ -425,7 +426,7 @@ def haproxy_two_hop(
                         f"mode {mode}, mutual TLS 1.3 (P-256) between the two HAProxies"
                         + (f", {between} on it" if mode == "http" else "")
                     ),
-                    logs=[client_log, server_log],
+                    logs=logs,
                 )
             finally:
                 _stop(client_side)
