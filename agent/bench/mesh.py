@@ -20,6 +20,10 @@ Rules:
 3. Manifest rendering (`pod_manifest`, `service_manifest`, `namespace_manifest`)
    is pure; processes are stopped by their Popen only; what an agent may have
    left (netns holds, eBPF pins) is removed after it stops.
+4. A port chosen here for a process to bind later (`free_port`) lies below
+   the kernel's ephemeral range: between the probe and that bind, a bind to
+   port 0 elsewhere (the embedded control plane's servers, every outgoing
+   connection) cannot be handed the same port.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -162,10 +167,42 @@ def dump(docs: list[dict[str, Any]]) -> str:
 # --- processes ----------------------------------------------------------------------------
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+FREE_PORT_SPAN = 12_000  # how far below the ephemeral range `free_port` draws from
+FREE_PORT_TRIES = 200
+
+
+def listen_ports(ephemeral: tuple[int, int]) -> range:
+    """Ports to hand a process to bind: below the ephemeral range (rule 4), else above it."""
+    low, high = ephemeral
+    if low - FREE_PORT_SPAN >= 1024:
+        return range(low - FREE_PORT_SPAN, low)
+    return range(high + 1, 65536)
+
+
+def _ephemeral() -> tuple[int, int]:
+    try:
+        low, high = EPHEMERAL_RANGE.read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # the kernel's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free on 127.0.0.1 now, for a process to bind later (rule 4)."""
+    ports = listen_ports(_ephemeral())
+    for _ in range(FREE_PORT_TRIES):
+        port = random.choice(ports)  # noqa: S311 - spreads tries, no secret
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    msg = (
+        f"no free port on 127.0.0.1 in {ports.start}-{ports.stop - 1} after {FREE_PORT_TRIES} tries"
+    )
+    raise RuntimeError(msg)
 
 
 def _http_status(url: str) -> int:

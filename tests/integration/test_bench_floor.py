@@ -24,6 +24,7 @@ import pytest
 
 from agent import aio
 from agent.bench import server
+from agent.bench.mesh import free_port
 from agent.bench.peers import SERVER_NAME, make_certs
 
 if TYPE_CHECKING:
@@ -33,16 +34,10 @@ if TYPE_CHECKING:
 HOST = "127.0.0.1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def upstream() -> Iterator[int]:
     """The bench server on a thread's loop; its port."""
-    port = _free_port()
+    port = free_port()
     ready = threading.Event()
     loop_and_stop: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
@@ -81,7 +76,7 @@ def upstream() -> Iterator[int]:
 @contextlib.contextmanager
 def _floor(target: int, *tls: str) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     """`agent.bench.floor` listening on a free port, relaying to `target`; (port, process)."""
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "agent.bench.floor", f"{HOST}:{port}", f"{HOST}:{target}"]
     proc = subprocess.Popen([*argv, *tls])
     try:

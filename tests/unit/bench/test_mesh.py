@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 from agent.bench import mesh
 from agent.controlplane import manifests
 
@@ -81,3 +83,22 @@ def test_counted_sums_one_direction_of_a_scrape():
     assert mesh.counted(samples, "outbound") == 12
     assert mesh.counted(samples, "inbound") == 11
     assert mesh.counted(samples, "sideways") == 0
+
+
+def test_ports_handed_out_lie_below_the_ephemeral_range():
+    ports = mesh.listen_ports((32768, 60999))
+    assert ports.stop == 32768
+    assert ports.start >= 1024
+
+
+def test_ports_handed_out_lie_above_an_ephemeral_range_that_starts_low():
+    ports = mesh.listen_ports((2000, 50000))
+    assert (ports.start, ports.stop) == (50001, 65536)
+
+
+def test_a_free_port_is_bindable_and_outside_the_ephemeral_range():
+    port = mesh.free_port()
+    low, high = (int(x) for x in mesh.EPHEMERAL_RANGE.read_text().split())
+    assert not low <= port <= high
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
