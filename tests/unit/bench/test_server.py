@@ -12,7 +12,7 @@ import h2.events
 import pytest
 
 from agent import aio
-from agent.bench import server
+from agent.bench import mesh, server
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -134,15 +134,12 @@ async def test_http1_keep_alive_then_connection_close(port: int):
             await writer.wait_closed()
 
 
-async def _free_ports(n: int) -> list[int]:
-    """`n` free ports, released for the server to take."""
-    ports = []
-    for _ in range(n):
-        probe = await server.start("127.0.0.1", 0)
-        ports.append(probe.sockets[0].getsockname()[1])
-        probe.close()
-        await probe.wait_closed()
-    return ports
+def _free_ports(n: int) -> list[int]:
+    """`n` free ports for the server to take (`mesh.free_port`: outside the ephemeral range)."""
+    ports: set[int] = set()
+    while len(ports) < n:
+        ports.add(mesh.free_port())
+    return sorted(ports)
 
 
 @contextlib.asynccontextmanager
@@ -170,7 +167,7 @@ async def connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter
 
 
 async def test_one_server_answers_on_every_port_it_is_given():
-    ports = await _free_ports(2)
+    ports = _free_ports(2)
     async with serving(ports):
         for port in ports:
             reader, writer = await connect(port)
@@ -182,7 +179,7 @@ async def test_one_server_answers_on_every_port_it_is_given():
 async def test_an_echo_port_sends_back_every_byte_in_order_and_beside_http_on_one_loop():
     """Rule 4: opaque TCP, no framing: what a client writes, in pieces or at once, comes back
     unchanged; the HTTP port of the same `serve` still answers HTTP."""
-    http_port, echo_port = await _free_ports(2)
+    http_port, echo_port = _free_ports(2)
     async with serving([http_port], [echo_port]):
         reader, writer = await connect(echo_port)
         sent = bytes(range(256)) * 4  # every byte value, HTTP's preface-looking ones too
