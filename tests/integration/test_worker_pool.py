@@ -40,7 +40,7 @@ pytestmark = pytest.mark.privileged
 PLUGIN = str(Path(__file__).with_name("proxy_worker_plugin.py"))
 # glibc's starting thresholds (mallopt(3): 128 KiB each), fixed: without its dynamic raise,
 # whose effect depends on the order of a stream's block sizes
-GLIBC_DEFAULTS = "glibc.malloc.mmap_threshold=131072:glibc.malloc.trim_threshold=131072"
+GLIBC_STARTING_THRESHOLDS = "glibc.malloc.mmap_threshold=131072:glibc.malloc.trim_threshold=131072"
 OUT_PORT = 4140
 
 
@@ -777,6 +777,6 @@ async def test_with_glibcs_own_thresholds_the_same_relay_faults_pages_in(
     can fail. The tunables fix glibc's starting thresholds; left to raise them itself,
     glibc faulted 2 to 52 pages per MiB between runs, as the blocks came; fixed, about 510
     (tuned: 0.5)."""
-    monkeypatch.setenv("GLIBC_TUNABLES", GLIBC_DEFAULTS)
+    monkeypatch.setenv("GLIBC_TUNABLES", GLIBC_STARTING_THRESHOLDS)
     per_mib = await _relay_faults_per_mib(make_pool, pod_netns, echo_port, clients)
     assert per_mib > 10, per_mib
