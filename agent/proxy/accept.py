@@ -34,6 +34,10 @@ Rules:
    its address made into text once per address (`_ADDR_TEXT`, bounded): interpreted
    in agent.redirect it was 7,900 instructions of a new connection, the text
    2,400 of them (bench/RESULTS.md, fifty-eighth pass).
+7. What the accept path reads of interpreted objects (the worker, its listener, the
+   `_socket` module) it reads once into typed locals or `Final` module constants, so
+   the calls on them are C calls: a set's `add`/`discard` through a name lookup, or a
+   module attribute read by name, was a few hundred instructions each per connection.
 """
 
 from __future__ import annotations
@@ -193,8 +197,11 @@ def accepted(lst: Any, held: Accepted) -> Conn:
         port=lst.port,
     )
     worker.accepted_total += 1
-    worker.conns.add(conn)
-    lst.conns.add(conn)
+    # typed, the sets' `add` is a C call, not a method looked up by name (rule 7)
+    conns: set[Conn] = worker.conns
+    conns.add(conn)
+    conns = lst.conns
+    conns.add(conn)
     conn.task = asyncio.Task(serve(worker, conn, lst), loop=loop, name="conn")  # rule 2
     return conn
 
@@ -221,8 +228,10 @@ async def serve(worker: Any, conn: Conn, lst: Any) -> None:
         if relay is not None:
             worker.bytes_up += relay.bytes_up
             worker.bytes_down += relay.bytes_down
-        worker.conns.discard(conn)
-        lst.conns.discard(conn)
+        conns: set[Conn] = worker.conns  # rule 7
+        conns.discard(conn)
+        conns = lst.conns
+        conns.discard(conn)
         record.recorder().conn_end(conn, error)
         # No cycles left for the collector (rule 3).
         conn.task = None
@@ -235,6 +244,10 @@ SOL_IP: Final = 0
 SO_ORIGINAL_DST: Final = 80
 _SOCKADDR_IN_LEN: Final = 16
 _ADDR_TEXT_MAX: Final = 4096
+# rule 7: C statics, not three reads of `_socket`'s attributes by name per connection
+_SOCKET: Final = _socket.socket
+_AF_INET: Final = _socket.AF_INET
+_SOCK_STREAM: Final = _socket.SOCK_STREAM
 # an address's four bytes -> its text (rule 6): a worker's destinations are few
 _ADDR_TEXT: dict[bytes, str] = {}
 
@@ -245,7 +258,7 @@ def original_dst_of_fd(fd: int) -> tuple[str, int] | None:
     program: sk_lookup, a direct connection). `_socket.socket`, not uvloop's
     pseudo-socket, whose calls each make one; SOL_IP's answer is the same on an
     AF_INET6 socket's fd."""
-    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM, 0, fd)
+    sock = _SOCKET(_AF_INET, _SOCK_STREAM, 0, fd)
     try:
         raw: bytes = sock.getsockopt(SOL_IP, SO_ORIGINAL_DST, _SOCKADDR_IN_LEN)
     except OSError:
