@@ -23,7 +23,8 @@ Rules:
 4. A port chosen here for a process to bind later (`free_port`) lies below
    the kernel's ephemeral range: between the probe and that bind, a bind to
    port 0 elsewhere (the embedded control plane's servers, every outgoing
-   connection) cannot be handed the same port.
+   connection) cannot be handed the same port. Drawn at random, it is never one
+   handed out before in this process (several are asked for before any is bound).
 """
 
 from __future__ import annotations
@@ -188,11 +189,21 @@ def _ephemeral() -> tuple[int, int]:
         return 32768, 60999  # the kernel's default
 
 
+_HANDED_OUT: set[int] = set()  # this process's answers: not given twice (rule 4)
+
+
 def free_port() -> int:
-    """A port free on 127.0.0.1 now, for a process to bind later (rule 4)."""
+    """A port free on 127.0.0.1 now, for a process to bind later (rule 4); never one this
+    process was given before (until half the range was), since none of them is bound yet
+    when several are asked for at once."""
     ports = listen_ports(_ephemeral())
+    if len(_HANDED_OUT) >= len(ports) // 2:
+        _HANDED_OUT.clear()
     for _ in range(FREE_PORT_TRIES):
         port = random.choice(ports)  # noqa: S311 - spreads tries, no secret
+        if port in _HANDED_OUT:
+            continue
+        _HANDED_OUT.add(port)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

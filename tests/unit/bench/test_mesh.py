@@ -102,3 +102,8 @@ def test_a_free_port_is_bindable_and_outside_the_ephemeral_range():
     assert not low <= port <= high
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_free_ports_asked_for_together_differ():
+    ports = [mesh.free_port() for _ in range(500)]
+    assert len(set(ports)) == len(ports)
