@@ -3,24 +3,18 @@ what is not a tap stream, says so instead of raising a socket's or JSON's error.
 
 from __future__ import annotations
 
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from agent.admin import client
+from agent.bench.mesh import free_port  # nothing binds it: connections are refused
 from agent.errors import AgentError
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_tap_at_a_port_nobody_listens_on_is_unreachable():
-    url = f"http://127.0.0.1:{_closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(client.AdminUnreachable, match="Connection refused") as got:
         list(client.tap("default/web", urls=[url]))
     assert got.value.urls == [url]
