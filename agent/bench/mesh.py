@@ -169,16 +169,18 @@ def dump(docs: list[dict[str, Any]]) -> str:
 
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-FREE_PORT_SPAN = 12_000  # how far below the ephemeral range `free_port` draws from
+FREE_PORT_SPAN = 12_000  # how many ports beside the ephemeral range `free_port` draws from
 FREE_PORT_TRIES = 200
 
 
 def listen_ports(ephemeral: tuple[int, int]) -> range:
-    """Ports to hand a process to bind: below the ephemeral range (rule 4), else above it."""
+    """Ports to hand a process to bind (rule 4): up to `FREE_PORT_SPAN` of the unprivileged
+    ports below the ephemeral range or above it, whichever side has more; empty when the
+    range leaves none."""
     low, high = ephemeral
-    if low - FREE_PORT_SPAN >= 1024:
-        return range(low - FREE_PORT_SPAN, low)
-    return range(high + 1, 65536)
+    below = range(max(1024, low - FREE_PORT_SPAN), low)
+    above = range(high + 1, min(65536, high + 1 + FREE_PORT_SPAN))
+    return below if len(below) >= len(above) else above
 
 
 def _ephemeral() -> tuple[int, int]:
@@ -197,6 +199,9 @@ def free_port() -> int:
     process was given before (until half the range was), since none of them is bound yet
     when several are asked for at once."""
     ports = listen_ports(_ephemeral())
+    if not ports:
+        msg = f"no port outside the ephemeral range {EPHEMERAL_RANGE} names to hand out"
+        raise RuntimeError(msg)
     if len(_HANDED_OUT) >= len(ports) // 2:
         _HANDED_OUT.clear()
     for _ in range(FREE_PORT_TRIES):

@@ -93,7 +93,11 @@ def test_ports_handed_out_lie_below_the_ephemeral_range():
 
 def test_ports_handed_out_lie_above_an_ephemeral_range_that_starts_low():
     ports = mesh.listen_ports((2000, 50000))
-    assert (ports.start, ports.stop) == (50001, 65536)
+    assert (ports.start, ports.stop) == (50001, 50001 + mesh.FREE_PORT_SPAN)
+
+
+def test_an_ephemeral_range_of_every_unprivileged_port_leaves_none_to_hand_out():
+    assert not mesh.listen_ports((1024, 65535))
 
 
 def test_a_free_port_is_bindable_and_outside_the_ephemeral_range():
