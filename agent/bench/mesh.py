@@ -20,11 +20,12 @@ Rules:
 3. Manifest rendering (`pod_manifest`, `service_manifest`, `namespace_manifest`)
    is pure; processes are stopped by their Popen only; what an agent may have
    left (netns holds, eBPF pins) is removed after it stops.
-4. A port chosen here for a process to bind later (`free_port`) lies below
-   the kernel's ephemeral range: between the probe and that bind, a bind to
-   port 0 elsewhere (the embedded control plane's servers, every outgoing
-   connection) cannot be handed the same port. Drawn at random, it is never one
-   handed out before in this process (several are asked for before any is bound).
+4. A port chosen here for a process to bind later (`free_port`) lies outside
+   the kernel's ephemeral range (below it, or above where more room is left):
+   between the probe and that bind, a bind to port 0 elsewhere (the embedded
+   control plane's servers, every outgoing connection) cannot be handed the
+   same port. Drawn at random, it is never one handed out before in this
+   process (several are asked for before any is bound).
 """
 
 from __future__ import annotations
