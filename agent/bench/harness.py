@@ -131,6 +131,7 @@ from agent.bench import (
 )
 from agent.bench.topology import log_tail, per_node, placed, twin
 from agent.errors import AgentError
+from agent.proxy import sched
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -411,6 +412,8 @@ def machine(calibration: dict[str, Any], placement: str = "split") -> dict[str, 
         "native": native.state(),  # the compiled request path (agent.native) or the sources
         # the agents' batched sends (agent.proxy.writes rule 6), as they inherit it
         "io_uring": os.environ.get(config.env_name("--io-uring"), "on"),
+        # the workers' scheduler slice (agent.proxy.sched), as they inherit it
+        "worker_slice": os.environ.get(config.env_name("--worker-slice"), sched.DEFAULT),
         "calibration": calibration,
         "placement": placement,
     }

@@ -35,6 +35,9 @@ Rules:
    start would only die again, so the agent stops with the reason instead of waiting
    out `READY_S`. A worker that dies once while starting (the OOM killer, a stray
    signal) is replaced, as after `start` (rule 3), and the start goes on.
+9. `WorkerOptions.slice_s` (`meshagent run --worker-slice`): each worker asks the
+   kernel for that scheduler slice as it starts (`--slice`, agent.proxy.sched); None
+   passes nothing and the workers keep the kernel's.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class WorkerOptions:
     stats_interval_s: float = 5.0
     h2_upgrade: str = "auto"  # one of H2_UPGRADE_MODES
     io_uring: bool = True  # agent.proxy.writes rule 6
+    slice_s: float | None = None  # the workers' scheduler slice, None: the kernel's (rule 9)
     h2_lanes: int = H2_LANES  # `h2_lanes_for` the pool's worker count (the supervisor sets it)
     plugins: tuple[str, ...] = ("agent.proxy.dataplane",)  # the mesh data path
     log_level: str = "info"
@@ -128,6 +132,8 @@ class WorkerOptions:
         ]
         argv += ["--h2-upgrade", self.h2_upgrade, f"--h2-lanes={self.h2_lanes}"]
         argv += ["--io-uring", "on" if self.io_uring else "off"]
+        if self.slice_s is not None:
+            argv.append(f"--slice={round(self.slice_s * 1e6)}us")
         cpu = self.cpu_of(worker_id)
         if cpu is not None and self.pin:
             argv.append(f"--cpu={cpu}")

@@ -54,6 +54,9 @@ Rules:
 11. `--pair-maps DIR` (the supervisor passes it in eBPF mode with acceleration):
     the worker uses the paired relay's pinned maps there (agent.proxy.pairing);
     until they are pinned, or without them, it relays every byte itself.
+12. `--slice D` (agent.proxy.pool rule 9): before it serves, the worker asks for a
+    scheduler slice of D for its loop's thread (agent.proxy.sched); a kernel that
+    refuses is logged and the worker runs on the kernel's slice.
 """
 
 from __future__ import annotations
@@ -78,7 +81,7 @@ from typing import TYPE_CHECKING, Any
 from agent import aio, logs, native
 from agent.config import parse_positive_int
 from agent.errors import AgentError
-from agent.proxy import accept, heap, tcp, uring
+from agent.proxy import accept, heap, sched, tcp, uring
 from agent.proxy import channel as ch
 from agent.proxy.accept import HANDLERS, Conn, target_of
 from agent.proxy.listener import LISTEN_BACKLOG, ListenerKind, UpstreamSockets
@@ -455,6 +458,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="info")
     p.add_argument("--cpu", type=int, default=None)
     p.add_argument("--pair-maps", default="")
+    p.add_argument("--slice", type=sched.parse_slice, default=None)
     return p.parse_args(argv)
 
 
@@ -468,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu is not None:
         pin(args.cpu)
     heap.tune()  # rule 10
+    if args.slice is not None:
+        sched.request(args.slice)  # rule 12
     for plugin in args.plugin:
         load_plugin(plugin)
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])  # rule 7

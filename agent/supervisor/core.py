@@ -148,6 +148,7 @@ class Supervisor:
                 grace_s=s.grace,
                 h2_upgrade=s.h2_upgrade,
                 io_uring=s.io_uring,
+                slice_s=s.worker_slice,
                 h2_lanes=h2_lanes_for(s.workers),
                 plugins=s.worker_plugins,
                 log_level=s.log_level,

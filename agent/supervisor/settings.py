@@ -15,6 +15,7 @@ from agent import config
 from agent.config import DESTINATION_PORT, IDENTITY_PORT, POLICY_PORT, Option
 from agent.errors import SettingError
 from agent.pods.discover import NETNS_DIR
+from agent.proxy import sched
 from agent.proxy.pool import H2_UPGRADE_MODES
 from agent.supervisor import cpulimit
 
@@ -115,6 +116,14 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "or one system call per write (off)",
     ),
     Option(
+        flag="--worker-slice",
+        parse=sched.parse_slice,
+        default=sched.DEFAULT,
+        help="the workers' scheduler slice (Linux 6.12+), 100us-100ms: a short one lets a "
+        "woken worker run before a busy app's slice ends (agent.proxy.sched); off, the "
+        "default, keeps the kernel's",
+    ),
+    Option(
         flag="--identity-dir",
         parse=config.parse_dir,
         help="ca.crt and token-signing key (embedded control plane, token minting)",
@@ -174,6 +183,7 @@ class RunSettings:
     grace: float = 30.0
     h2_upgrade: str = "auto"  # one of H2_UPGRADE_MODES (agent.proxy.h1toh2 rule 7)
     io_uring: bool = True  # agent.proxy.writes rule 6
+    worker_slice: float | None = None  # seconds, None: the kernel's (agent.proxy.sched)
     identity_dir: Path | None = None
     trust_anchors: Path | None = None
     token_source: str = "mint"  # noqa: S105 - a source name, not a secret
@@ -229,6 +239,7 @@ class RunSettings:
             grace=values["grace"],
             h2_upgrade=values["h2_upgrade"],
             io_uring=values["io_uring"] == "on",
+            worker_slice=values["worker_slice"],
             identity_dir=identity_dir,
             trust_anchors=Path(trust),
             token_source=values["token_source"],

@@ -22,7 +22,7 @@ import pytest
 
 from agent import netlab
 from agent.errors import PoolError
-from agent.proxy import placement
+from agent.proxy import placement, sched
 from agent.proxy.channel import Need, StateUpdate
 from agent.proxy.listener import (
     ListenerError,
@@ -82,16 +82,24 @@ async def echo_port(pod_netns):
 async def make_pool():
     pools: list[WorkerPool] = []
 
-    async def make(
+    async def make(  # noqa: PLR0913 - the worker options the tests vary
         n: int,
         plugins: tuple[str, ...] = (PLUGIN,),
+        *,
         cpus: tuple[int, ...] = (),
         pin: bool = False,
         steer: bool = True,
+        slice_s: float | None = None,
         **kw,
     ) -> WorkerPool:
         options = WorkerOptions(
-            plugins=plugins, stats_interval_s=0.1, grace_s=5.0, cpus=cpus, pin=pin, steer=steer
+            plugins=plugins,
+            stats_interval_s=0.1,
+            grace_s=5.0,
+            cpus=cpus,
+            pin=pin,
+            steer=steer,
+            slice_s=slice_s,
         )
         pool = WorkerPool(n, options=options, **kw)
         pools.append(pool)
@@ -378,6 +386,17 @@ async def test_bound_workers_run_on_their_cpus_and_leave_connections_to_the_hash
     workers = sorted(pool.workers, key=lambda w: w.worker_id)
     assert [netlab.allowed_cpus(w.pid) for w in workers] == [str(c) for c in cpus]
     assert pool.steering is None
+
+
+@pytest.mark.skipif(
+    sched.slice_of(os.getpid()) is None, reason="the kernel reports no slice (Linux < 6.12)"
+)
+async def test_workers_run_on_the_slice_they_are_given_and_on_the_kernels_without(make_pool):
+    """agent.proxy.pool rule 9, read back from /proc/PID/sched."""
+    pool = await make_pool(2, slice_s=0.0002)
+    assert [sched.slice_of(w.pid) for w in pool.workers] == [200_000, 200_000]
+    plain = await make_pool(1)
+    assert sched.slice_of(plain.workers[0].pid) == sched.slice_of(os.getpid()) != 200_000
 
 
 def test_a_steered_group_falls_back_to_the_hash_on_a_cpu_without_a_slot(pod_netns):

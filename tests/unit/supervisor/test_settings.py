@@ -92,3 +92,19 @@ def test_worker_plugins_are_found_before_any_worker_starts(tmp_path):
         with pytest.raises(SettingError, match="--worker-plugins") as err:
             _settings(tmp_path, ["--worker-plugins", value])
         assert why in str(err.value)
+
+
+def test_the_workers_keep_the_kernels_slice_unless_asked_and_a_slice_reaches_them(tmp_path):
+    assert _settings(tmp_path, []).worker_slice is None
+    assert _settings(tmp_path, ["--worker-slice", "1ms"]).worker_slice == pytest.approx(0.001)
+    from_env = _settings(tmp_path, [], {"MESHAGENT_WORKER_SLICE": "400us"})
+    assert from_env.worker_slice == pytest.approx(0.0004)
+    flag_wins = _settings(tmp_path, ["--worker-slice", "off"], {"MESHAGENT_WORKER_SLICE": "1ms"})
+    assert flag_wins.worker_slice is None
+    argv = WorkerOptions(slice_s=0.0001).argv(3, 0)
+    assert worker.parse_args(argv[3:]).slice == pytest.approx(0.0001)
+    assert worker.parse_args(WorkerOptions().argv(3, 0)[3:]).slice is None
+    assert not any(a.startswith("--slice") for a in WorkerOptions().argv(3, 0))
+    with pytest.raises(SettingError, match="MESHAGENT_WORKER_SLICE") as err:
+        _settings(tmp_path, [], {"MESHAGENT_WORKER_SLICE": "10us"})
+    assert "100us to 100ms" in str(err.value)
