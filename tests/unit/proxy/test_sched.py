@@ -50,7 +50,7 @@ def test_the_attr_asks_sched_other_at_nice_0_for_the_slice_only():
     sched.slice_of(os.getpid()) is None, reason="the kernel reports no slice (Linux < 6.12)"
 )
 def test_a_thread_that_asks_runs_on_its_slice_and_the_others_keep_theirs():
-    """Read back from the kernel (/proc/PID/task/TID/sched) on a thread of this process."""
+    """Read back from the kernel (/proc/TID/sched) on a thread of this process."""
     before = sched.slice_of(os.getpid())
     seen: list[object] = []
 
