@@ -67,15 +67,16 @@ def parse_positive_int(raw: str) -> int:
 
 
 def parse_seconds(raw: str) -> float:
-    """A duration: `30`, `1.5`, `30s`, `500ms`, `2m`, `1h`."""
+    """A duration: `30`, `1.5`, `30s`, `500ms`, `100us`, `2m`, `1h`."""
     text = raw.strip().lower()
-    scale = 1.0
-    for suffix, factor in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
+    scale, per = 1, 1  # a unit is scale / per seconds: `100us` is 0.0001 exactly, as written
+    units = (("us", 1, 1_000_000), ("ms", 1, 1000), ("s", 1, 1), ("m", 60, 1), ("h", 3600, 1))
+    for suffix, unit_scale, unit_per in units:
         if text.endswith(suffix):
-            text, scale = text[: -len(suffix)], factor
+            text, scale, per = text[: -len(suffix)], unit_scale, unit_per
             break
     try:
-        value = float(text) * scale
+        value = float(text) * scale / per
     except ValueError:
         raise ValueError("not a duration (examples: 30, 30s, 500ms, 2m)") from None
     if not math.isfinite(value):

@@ -17,8 +17,8 @@ Rules:
    still gets no more than its fair share; it is preempted sooner and preempts sooner.
 2. `parse_slice` accepts `off` (the kernel's slice, nothing is asked) or a duration
    within `MIN_SLICE_S`-`MAX_SLICE_S`, the kernel's clamp, written as
-   `agent.config.parse_seconds` reads it or in microseconds (`100us`); anything
-   else is an error that says what it accepts.
+   `agent.config.parse_seconds` reads it (`100us`, `0.5ms`); anything else is an
+   error that says what it accepts.
 3. A kernel that refuses the call (seccomp, no `sched_setattr`) is logged once and the
    worker runs on the kernel's slice; a kernel older than 6.12 accepts the call and
    ignores the slice (`slice_of` then reads no `se.slice`).
@@ -61,8 +61,7 @@ def parse_slice(raw: str) -> float | None:
     if text == OFF:
         return None
     try:
-        micros = text.endswith("us")
-        value = float(text[:-2]) / 1_000_000 if micros else config.parse_seconds(text)
+        value = config.parse_seconds(text)
     except ValueError:
         value = -1.0
     if not MIN_SLICE_S <= value <= MAX_SLICE_S:

@@ -9,7 +9,15 @@ from agent.config import parse_dir_path, parse_positive_seconds, parse_seconds
 
 @pytest.mark.parametrize(
     ("raw", "seconds"),
-    [("30", 30.0), ("1.5", 1.5), ("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0)],
+    [
+        ("30", 30.0),
+        ("1.5", 1.5),
+        ("30s", 30.0),
+        ("500ms", 0.5),
+        ("250us", 0.00025),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+    ],
 )
 def test_a_duration_reads_in_seconds_with_or_without_a_unit(raw, seconds):
     assert parse_seconds(raw) == seconds
